@@ -14,3 +14,19 @@ def tiny_tokenizer(tiny_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, tiny_tokenizer_dir):
+    """A random-weight Qwen2 causal LM (tied embeddings) with the tiny tokenizer, saved to disk."""
+    from verl.utils.tiny_model import build_tiny_causal_lm
+
+    return build_tiny_causal_lm(str(tmp_path_factory.mktemp("tiny_qwen2")), tiny_tokenizer_dir, arch="qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir):
+    """A random-weight Llama causal LM (untied embeddings) with the tiny tokenizer, saved to disk."""
+    from verl.utils.tiny_model import build_tiny_causal_lm
+
+    return build_tiny_causal_lm(str(tmp_path_factory.mktemp("tiny_llama")), tiny_tokenizer_dir, arch="llama")

@@ -16,6 +16,11 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _DEFAULT_CORPUS = [
@@ -32,11 +37,17 @@ def build_tiny_tokenizer(save_dir: str, corpus: list[str] | None = None, vocab_s
 
     Returns the saved directory; load it with ``transformers.AutoTokenizer.from_pretrained``.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # The Qwen2 pipeline exactly: transformers rebuilds it when it loads a Qwen2 model folder, so a
+    # tokenizer trained any other way would change its ids on reload.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -55,4 +66,46 @@ def build_tiny_tokenizer(save_dir: str, corpus: list[str] | None = None, vocab_s
     )
     os.makedirs(save_dir, exist_ok=True)
     fast.save_pretrained(save_dir)
+    return save_dir
+
+
+def build_tiny_causal_lm(save_dir: str, tokenizer_dir: str | None = None, arch: str = "qwen2",
+                         hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
+                         num_kv_heads: int = 2, intermediate_size: int = 128, vocab_size: int | None = None,
+                         tie_word_embeddings: bool | None = None, seed: int = 0):
+    """Save a random-weight Qwen2 or Llama causal LM (and the tokenizer, if given) to ``save_dir``.
+
+    ``vocab_size`` defaults to the tokenizer's length so every token id has an embedding.
+    Returns ``save_dir``; load it with ``AutoModelForCausalLM.from_pretrained``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
+    if vocab_size is None:
+        if tokenizer is None:
+            raise ValueError("build_tiny_causal_lm needs vocab_size or tokenizer_dir")
+        vocab_size = len(tokenizer)
+    common = dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id if tokenizer is not None else None,
+        pad_token_id=tokenizer.pad_token_id if tokenizer is not None else None,
+    )
+    if arch == "qwen2":
+        config = Qwen2Config(tie_word_embeddings=True if tie_word_embeddings is None else tie_word_embeddings,
+                             **common)
+    elif arch == "llama":
+        config = LlamaConfig(tie_word_embeddings=False if tie_word_embeddings is None else tie_word_embeddings,
+                             **common)
+    else:
+        raise ValueError(f"build_tiny_causal_lm supports arch 'qwen2' or 'llama', got {arch!r}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    os.makedirs(save_dir, exist_ok=True)
+    model.save_pretrained(save_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(save_dir)
     return save_dir
