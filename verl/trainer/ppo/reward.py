@@ -1,0 +1,123 @@
+"""Building the reward function the trainer calls: a reward manager around a scoring function.
+
+The scoring function is the user's ``custom_reward_function.{path,name}`` when set, otherwise the
+rule rewards of ``verl.utils.reward_score``. The manager class is ``reward_model.reward_manager``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+from verl.workers.reward_manager import get_reward_manager_cls
+
+__all__ = ["get_custom_reward_fn", "load_reward_manager"]
+
+
+def _select(config: Any, dotted_key: str, default: Any = None) -> Any:
+    """``config.a.b`` for a DictConfig, dict or object; ``default`` when any part is missing or None."""
+    node = config
+    for key in dotted_key.split("."):
+        if node is None:
+            return default
+        node = node.get(key) if hasattr(node, "get") else getattr(node, key, None)
+    return default if node is None else node
+
+
+def _to_plain(value: Any) -> Any:
+    """OmegaConf containers as plain dicts/lists (so user functions receive ordinary Python values)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _load_module(path: str):
+    """Import a Python file by path, under a module name unique to that path."""
+    abs_path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(abs_path):
+        raise FileNotFoundError(f"custom_reward_function.path={path!r}: no such file ({abs_path})")
+    digest = hashlib.sha1(abs_path.encode()).hexdigest()[:12]
+    module_name = f"verl_custom_reward_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, abs_path)
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running, as a normal import would be (dataclasses and pickling look it up).
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise ImportError(f"could not import the custom reward file {abs_path} "
+                          f"(custom_reward_function.path): {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _check_signature(fn: Callable, name: str, path: str, expected: tuple[str, ...],
+                     bound_kwargs: dict) -> None:
+    """Raise unless ``fn`` accepts the keyword call the reward manager will make."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins and some C callables expose no signature; let the call itself decide
+    try:
+        signature.bind(**{param: None for param in expected}, **bound_kwargs)
+    except TypeError as exc:
+        kwargs_note = f" plus reward_kwargs {sorted(bound_kwargs)}" if bound_kwargs else ""
+        raise TypeError(
+            f"custom reward function {name}{signature} in {path} cannot be called as "
+            f"{name}({', '.join(expected)}){kwargs_note}: {exc}. Expected a signature like "
+            f"def {name}({', '.join(expected)}, **kwargs) -- the reward manager passes these as keywords."
+        ) from None
+
+
+def get_custom_reward_fn(config) -> Callable | None:
+    """The function named by ``custom_reward_function.{path,name}``, with ``reward_kwargs`` bound.
+
+    Returns None when no path is configured. The expected signature depends on the reward manager
+    (``reward_model.reward_manager``): per sample ``(data_source, solution_str, ground_truth,
+    extra_info)`` for ``naive``/``dapo``, lists ``(data_sources, solution_strs, ground_truths,
+    extra_infos)`` for ``batch``.
+    """
+    path = _select(config, "custom_reward_function.path")
+    if not path:
+        return None
+    name = _select(config, "custom_reward_function.name", "compute_score")
+    reward_kwargs = dict(_to_plain(_select(config, "custom_reward_function.reward_kwargs", {})))
+
+    module = _load_module(path)
+    fn = getattr(module, name, None)
+    if fn is None or not callable(fn):
+        defined = sorted(attr for attr, value in vars(module).items()
+                         if callable(value) and getattr(value, "__module__", None) == module.__name__)
+        raise AttributeError(f"custom_reward_function.name={name!r} is not a function defined in {path}. "
+                             f"Functions defined there: {defined}")
+
+    manager_cls = get_reward_manager_cls(_select(config, "reward_model.reward_manager", "naive"))
+    _check_signature(fn, name, path, manager_cls.compute_score_params, reward_kwargs)
+    return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
+
+
+def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
+    """Build the reward manager selected by ``reward_model.reward_manager`` (default ``naive``).
+
+    ``reward_kwargs`` go to the manager, which forwards the ones it does not use to every scoring
+    call (the original CLI passes ``reward_model.reward_kwargs`` here).
+    """
+    name = _select(config, "reward_model.reward_manager", "naive")
+    manager_cls = get_reward_manager_cls(name)
+    kwargs = {"reward_fn_key": _select(config, "data.reward_fn_key", "data_source")}
+    if name == "dapo":
+        kwargs["max_resp_len"] = _select(config, "data.max_response_length")
+        kwargs["overlong_buffer_cfg"] = _select(config, "reward_model.overlong_buffer")
+    kwargs.update(reward_kwargs)
+    # None lets each manager pick its default (the rule rewards; the batch manager requires a function).
+    return manager_cls(tokenizer=tokenizer, num_examine=num_examine,
+                       compute_score=get_custom_reward_fn(config), **kwargs)

@@ -1,0 +1,77 @@
+"""Rule rewards, dispatched by the ``data_source`` column of the dataset.
+
+``default_compute_score`` is the scoring function reward managers use when no
+``custom_reward_function.path`` is configured. Each data source maps to one scorer with the signature
+``scorer(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; a new task adds
+itself with ``@register_score("my/data_source")``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from verl.utils.reward_score import gsm8k, math_reward
+
+__all__ = ["default_compute_score", "register_score", "registered_data_sources"]
+
+_SCORERS: dict[str, Callable] = {}
+
+
+def register_score(*data_sources: str, override: bool = False):
+    """Decorator registering a scorer for one or more data sources.
+
+    Registering a different function under a name that is already taken raises, unless ``override``
+    is set, so two tasks cannot silently claim the same data source.
+    """
+    if not data_sources:
+        raise ValueError("register_score needs at least one data_source name")
+
+    def decorator(fn: Callable) -> Callable:
+        for name in data_sources:
+            current = _SCORERS.get(name)
+            if current is not None and current is not fn and not override:
+                raise ValueError(f"data_source {name!r} already has the scorer {current.__qualname__}; "
+                                 "pass override=True to replace it")
+            _SCORERS[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_data_sources() -> list[str]:
+    return sorted(_SCORERS)
+
+
+@register_score("openai/gsm8k")
+def _score_gsm8k(solution_str, ground_truth, extra_info=None, **kwargs):
+    return gsm8k.compute_score(solution_str, ground_truth, **kwargs)
+
+
+@register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+def _score_math(solution_str, ground_truth, extra_info=None, **kwargs):
+    return math_reward.compute_score(solution_str, ground_truth, **kwargs)
+
+
+def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """Score one response with the rule registered for ``data_source``.
+
+    Returns a float, or the scorer's dict unchanged when it returns one (it must hold ``"score"``).
+    Extra keyword arguments go to the scorer (e.g. ``method="flexible"`` for gsm8k).
+    """
+    scorer = _SCORERS.get(data_source)
+    if scorer is None:
+        raise ValueError(
+            f"No rule reward is registered for data_source={data_source!r}. "
+            f"Known data sources: {registered_data_sources()}. To score this data, write "
+            "compute_score(data_source, solution_str, ground_truth, extra_info=None) in a .py file and "
+            "set custom_reward_function.path=<that file> (and custom_reward_function.name=<function> if "
+            "it has another name), or register a scorer with "
+            "verl.utils.reward_score.register_score."
+        )
+    result = scorer(solution_str, ground_truth, extra_info=extra_info, **kwargs)
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"the scorer for data_source={data_source!r} returned a dict without a "
+                             f"'score' key (keys: {sorted(result)})")
+        return result
+    return float(result)

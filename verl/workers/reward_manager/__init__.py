@@ -1,0 +1,24 @@
+"""Reward managers turn a batch of generated responses into token-level reward tensors.
+
+Every manager is called as ``manager(data, return_dict=False)`` on a ``DataProto`` holding
+``prompts``, ``responses`` and ``attention_mask``, and puts each sample's score on its last valid
+response token.
+"""
+
+from verl.workers.reward_manager.registry import (
+    get_reward_manager_cls,
+    register,
+    registered_reward_managers,
+)
+from verl.workers.reward_manager.naive import NaiveRewardManager
+from verl.workers.reward_manager.batch import BatchRewardManager
+from verl.workers.reward_manager.dapo import DAPORewardManager
+
+__all__ = [
+    "BatchRewardManager",
+    "DAPORewardManager",
+    "NaiveRewardManager",
+    "get_reward_manager_cls",
+    "register",
+    "registered_reward_managers",
+]
