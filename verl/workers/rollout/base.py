@@ -1,0 +1,286 @@
+"""The rollout contract: left-padded prompts in, ``n`` sampled responses per prompt out.
+
+Every engine subclasses :class:`BaseRollout` and implements ``generate_sequences``. The parts that
+do not depend on the engine live here so that all engines agree on them: reading the sampling
+settings (config, then per-call ``meta_info``), checking the prompt padding, and assembling the
+output batch (masks after eos, position ids, interleaved repetition) with
+:func:`build_rollout_output`. An engine only has to produce, for each of the ``B*n`` rows, the
+sampled token ids and their log-probs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+
+__all__ = [
+    "BaseRollout",
+    "SamplingParams",
+    "build_rollout_output",
+    "check_left_padded",
+    "get_rollout_class",
+    "register_rollout",
+    "registered_rollouts",
+    "resolve_sampling_params",
+]
+
+# ----------------------------------------------------------------------------- registry
+
+_ROLLOUTS: dict[str, type] = {}
+
+# Engines of the original verl that this project does not ship: name -> the package providing it.
+EXTERNAL_ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
+
+
+def register_rollout(name: str):
+    """Class decorator adding a rollout engine under ``actor_rollout_ref.rollout.name=<name>``."""
+
+    def decorator(cls: type) -> type:
+        current = _ROLLOUTS.get(name)
+        if current is not None and current is not cls:
+            raise ValueError(f"rollout engine {name!r} is already registered as {current.__qualname__}")
+        _ROLLOUTS[name] = cls
+        return cls
+
+    return decorator
+
+
+def registered_rollouts() -> list[str]:
+    return sorted(_ROLLOUTS)
+
+
+def get_rollout_class(name: str) -> type:
+    """The engine class for ``actor_rollout_ref.rollout.name``; a clear error for unknown names."""
+    if name in _ROLLOUTS:
+        return _ROLLOUTS[name]
+    builtin = registered_rollouts()
+    fix = f"the built-in engines are: {', '.join(builtin)}. Set actor_rollout_ref.rollout.name={builtin[0]}"
+    if name in EXTERNAL_ENGINES:
+        if not _installed(EXTERNAL_ENGINES[name]):
+            raise ValueError(f"rollout engine {name!r} is not installed; {fix}")
+        raise ValueError(f"rollout engine {name!r} is installed, but this verl ships no adapter for it; {fix}")
+    guess = difflib.get_close_matches(str(name), builtin, n=1, cutoff=0.6)
+    hint = f" (did you mean {guess[0]}?)" if guess else ""
+    raise ValueError(f"unknown rollout engine {name!r}{hint}; {fix}")
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+# ----------------------------------------------------------------------------- sampling settings
+
+_VAL_DEFAULTS = {"top_k": -1, "top_p": 1.0, "temperature": 0.0, "n": 1, "do_sample": False}
+_TRAIN_DEFAULTS = {"top_k": -1, "top_p": 1.0, "temperature": 1.0, "n": 1, "do_sample": True}
+
+
+def config_value(config, key: str, default=None):
+    """``config[key]`` for DictConfig, dict or attribute objects; ``default`` when absent or None."""
+    if config is None:
+        return default
+    value = config.get(key, None) if hasattr(config, "get") else getattr(config, key, None)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The settings of one ``generate_sequences`` call, after defaults and overrides.
+
+    ``greedy`` rows take the argmax; otherwise tokens are drawn from
+    softmax(filter(logits / temperature)) with top-k then top-p filtering. ``top_k == 0`` and
+    ``top_p == 1.0`` mean no filtering. ``temperature`` is the one that ``rollout_log_probs`` use
+    (1.0 when greedy). An empty ``eos_token_ids`` (``ignore_eos``) means no row ever stops early.
+    """
+
+    n: int
+    greedy: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    response_length: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+
+
+def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
+                            default_pad_token_id) -> SamplingParams:
+    """Sampling settings for one call.
+
+    Precedence, per key: ``meta_info`` > (``config.val_kwargs`` when ``meta_info['validate']``, else
+    the training keys of ``config``) > verl's defaults. ``do_sample=False`` or ``temperature == 0``
+    means greedy. ``top_k <= 0`` or None disables top-k.
+    """
+    validate = bool(meta_info.get("validate", False))
+    source = config_value(config, "val_kwargs") if validate else config
+    defaults = _VAL_DEFAULTS if validate else _TRAIN_DEFAULTS
+    where = "actor_rollout_ref.rollout" + (".val_kwargs" if validate else "")
+
+    def pick(key):
+        value = meta_info.get(key)
+        return config_value(source, key, defaults[key]) if value is None else value
+
+    temperature = float(pick("temperature"))
+    if temperature < 0:
+        raise ValueError(f"{where}.temperature must be >= 0 (0 means greedy), got {temperature}")
+    top_p = float(pick("top_p"))
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{where}.top_p must be in (0, 1], got {top_p}")
+    n = int(pick("n"))
+    if n < 1:
+        raise ValueError(f"{where}.n must be >= 1, got {n}")
+    response_length = meta_info.get("response_length") or config_value(config, "response_length")
+    if not response_length or int(response_length) <= 0:
+        raise ValueError("actor_rollout_ref.rollout.response_length is not set (it normally comes from "
+                         f"data.max_response_length); got {response_length!r}")
+
+    greedy = not bool(pick("do_sample")) or temperature == 0
+    eos = meta_info.get("eos_token_id")
+    eos = default_eos_token_ids if eos is None else eos
+    eos = [eos] if isinstance(eos, (int, np.integer)) else list(eos or [])
+    pad = meta_info.get("pad_token_id")
+    pad = default_pad_token_id if pad is None else pad
+    if pad is None:
+        pad = eos[0] if eos else None
+    if pad is None:
+        raise ValueError("no pad token id: the tokenizer has neither a pad nor an eos token; pass "
+                         "meta_info['pad_token_id'] to generate_sequences")
+    if bool(config_value(config, "ignore_eos", False)):
+        eos = []
+    return SamplingParams(
+        n=n,
+        greedy=greedy,
+        temperature=1.0 if greedy else temperature,
+        top_k=max(int(pick("top_k")), 0),
+        top_p=top_p,
+        response_length=int(response_length),
+        eos_token_ids=tuple(int(e) for e in eos),
+        pad_token_id=int(pad),
+    )
+
+
+# ----------------------------------------------------------------------------- the contract
+
+class BaseRollout(ABC):
+    """A generation engine.
+
+    Args:
+        config: the ``actor_rollout_ref.rollout`` section (DictConfig, dict or attribute object).
+        module: the Hugging Face causal LM whose weights generate. The caller makes the full
+            weights available for the duration of the call (e.g. unsharding FSDP around it).
+        tokenizer: supplies the default eos and pad token ids.
+
+    ``ignored_config_keys`` names the ``actor_rollout_ref.rollout.*`` keys the engine does not read;
+    config validation warns when one of them is set to a non-default value.
+    """
+
+    ignored_config_keys: tuple[str, ...] = (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "expert_parallel_size",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
+        "load_format",
+        "layered_summon",
+        "disable_log_stats",
+        "engine_kwargs",
+    )
+
+    def __init__(self, config, module: torch.nn.Module, tokenizer):
+        self.config = config
+        self.module = module
+        self.tokenizer = tokenizer
+        eos: list[int] = []
+        generation_config = getattr(module, "generation_config", None)
+        for candidate in (getattr(generation_config, "eos_token_id", None),
+                          getattr(tokenizer, "eos_token_id", None)):
+            for token in [candidate] if isinstance(candidate, int) else list(candidate or []):
+                if token not in eos:
+                    eos.append(int(token))
+        # Rows stop at any eos of the model's generation_config or the tokenizer (Qwen2.5-Instruct
+        # lists two there, and the tokenizer names one of them).
+        self.default_eos_token_ids = eos
+        self.default_pad_token_id = getattr(tokenizer, "pad_token_id", None)
+
+    def sampling_params(self, meta_info: dict) -> SamplingParams:
+        return resolve_sampling_params(self.config, meta_info, self.default_eos_token_ids,
+                                       self.default_pad_token_id)
+
+    @abstractmethod
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses for left-padded prompts; the output is described in
+        :func:`build_rollout_output`."""
+
+
+def check_left_padded(attention_mask: torch.Tensor) -> None:
+    """Raise unless every row is padding (0s) followed by prompt tokens (1s), with at least one token."""
+    mask = attention_mask.bool()
+    bad = (mask[:, :-1] & ~mask[:, 1:]).any(dim=1)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"prompts must be left-padded, but row {row} of attention_mask has padding after "
+                         "prompt tokens. Pad prompts on the left (the RL dataset does, up to "
+                         "data.max_prompt_length; set tokenizer.padding_side='left' if you tokenize yourself).")
+    empty = ~mask.any(dim=1)
+    if empty.any():
+        raise ValueError(f"row {int(empty.nonzero()[0, 0])} of the prompts has no token (attention_mask is all 0)")
+
+
+def build_rollout_output(prompts: DataProto, responses: torch.Tensor, log_probs: torch.Tensor,
+                         params: SamplingParams) -> DataProto:
+    """Assemble the rollout output from the sampled tokens.
+
+    ``responses`` and ``log_probs`` are ``(B*n, L)``: row ``i*n + j`` is sample ``j`` of prompt ``i``,
+    each token followed by whatever the engine wrote after it stopped. They are cut or padded to
+    ``R = params.response_length``; everything after a row's first eos becomes ``pad_token_id``
+    (log-prob 0), the eos itself is kept.
+
+    Returns ``B*n`` rows with batch keys ``prompts`` (B*n, P), ``responses`` (B*n, R),
+    ``input_ids`` (B*n, P+R), ``attention_mask`` (B*n, P+R), ``position_ids`` (B*n, P+R),
+    ``response_mask`` (B*n, R) and ``rollout_log_probs`` (B*n, R, float32); the non-tensor columns
+    repeated interleaved; ``meta_info`` copied.
+    """
+    n, length = params.n, params.response_length
+    prompt_ids = prompts.batch["input_ids"]
+    device = prompt_ids.device
+    responses = responses.to(device)
+    log_probs = log_probs.to(device=device, dtype=torch.float32)
+    if responses.shape[1] < length:
+        extra = length - responses.shape[1]
+        responses = torch.nn.functional.pad(responses, (0, extra), value=params.pad_token_id)
+        log_probs = torch.nn.functional.pad(log_probs, (0, extra), value=0.0)
+    responses, log_probs = responses[:, :length], log_probs[:, :length]
+
+    is_eos = torch.isin(responses, torch.tensor(params.eos_token_ids, dtype=responses.dtype, device=device))
+    after_eos = (torch.cumsum(is_eos.int(), dim=1) - is_eos.int()) > 0
+    response_mask = (~after_eos).to(prompts.batch["attention_mask"].dtype)
+    responses = responses.masked_fill(after_eos, params.pad_token_id)
+    log_probs = log_probs.masked_fill(after_eos, 0.0)
+
+    def rep(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(n, dim=0)
+
+    prompt_ids = rep(prompt_ids)
+    prompt_positions = rep(prompts.batch["position_ids"])
+    # Positions keep counting over the padding after eos (those tokens are masked out anyway).
+    steps = torch.arange(1, length + 1, device=device, dtype=prompt_positions.dtype)
+    response_positions = prompt_positions[..., -1:] + steps
+    return DataProto(
+        batch={
+            "prompts": prompt_ids,
+            "responses": responses,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": torch.cat([rep(prompts.batch["attention_mask"]), response_mask], dim=1),
+            "position_ids": torch.cat([prompt_positions, response_positions], dim=-1),
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+        },
+        non_tensor_batch={k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()},
+        meta_info=dict(prompts.meta_info),
+    )

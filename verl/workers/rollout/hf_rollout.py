@@ -1,0 +1,161 @@
+"""Rollout with Hugging Face ``generate``: the slow, simple reference engine (``rollout.name=hf``).
+
+Sampling is ours, not the model's: the model's own ``generation_config`` (Qwen2.5 ships top_k 20,
+top_p 0.8, repetition_penalty 1.05...) is set aside during the call, HF's warpers are left neutral,
+and our logits processors apply temperature, top-k and top-p. The first of them records the
+log-prob of each sampled token under the raw logits (before any filtering), one step at a time, so
+log-probs never need the ``(steps, rows, vocab)`` tensor that ``output_logits`` would keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from verl.protocol import DataProto
+from verl.workers.rollout.base import (
+    BaseRollout,
+    SamplingParams,
+    build_rollout_output,
+    check_left_padded,
+    config_value,
+    register_rollout,
+)
+
+__all__ = ["HFRollout"]
+
+
+class _SampledTokenLogProbs(LogitsProcessor):
+    """Records log softmax(logits / T) at each sampled token.
+
+    Placed first among the processors, it sees the model's raw logits. The token sampled at step t
+    is known only when step t+1 starts (it is then the last column of ``input_ids``), or, for the
+    last step, from the finished sequences: so it keeps one step's log-probs pending.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.pending: torch.Tensor | None = None
+        self.values: list[torch.Tensor] = []
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.values.append(self.pending.gather(-1, tokens[:, None]).squeeze(-1))
+        self.pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """The ``(rows, steps)`` log-probs, given the sequences ``generate`` returned."""
+        if self.pending is not None:
+            self._take(sequences[:, -1])
+        return torch.stack(self.values, dim=1)
+
+
+@contextlib.contextmanager
+def _without_model_generation_config(module: torch.nn.Module):
+    """Hide the model's ``generation_config`` so that ``generate`` fills unset fields from the
+    library defaults only (it would otherwise take the model's top_k, penalties, suppressed tokens)."""
+    saved = getattr(module, "generation_config", None)
+    if saved is None:
+        yield
+        return
+    module.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        module.generation_config = saved
+
+
+@contextlib.contextmanager
+def _seeded(seed, device: torch.device):
+    """Seed the global RNG (``generate`` samples from it) for this call only, when ``seed`` is set."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        yield
+
+
+@register_rollout("hf")
+class HFRollout(BaseRollout):
+    """Generates with ``module.generate`` in micro-batches of ``rollout.micro_batch_size`` rows
+    (of the ``B*n`` output rows; all at once when unset). The module is put in eval mode for the
+    call and its previous mode restored. Sampling uses the global torch RNG: seed torch, or pass
+    ``meta_info['seed']`` for a call that is reproducible on its own."""
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        params = self.sampling_params(prompts.meta_info)
+        attention_mask = prompts.batch["attention_mask"]
+        check_left_padded(attention_mask)
+        device = next(self.module.parameters()).device
+        input_ids = prompts.batch["input_ids"].repeat_interleave(params.n, dim=0).to(device)
+        attention_mask = attention_mask.repeat_interleave(params.n, dim=0).to(device)
+        micro_batch_size = int(config_value(self.config, "micro_batch_size", 0)) or input_ids.shape[0]
+
+        responses, log_probs = [], []
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with _without_model_generation_config(self.module), _seeded(prompts.meta_info.get("seed"), device):
+                for start in range(0, input_ids.shape[0], micro_batch_size):
+                    end = start + micro_batch_size
+                    ids, lps = self._generate(input_ids[start:end], attention_mask[start:end], params)
+                    responses.append(ids)
+                    log_probs.append(lps)
+        finally:
+            self.module.train(was_training)
+        return build_rollout_output(prompts, _cat_padded(responses, params.pad_token_id),
+                                    _cat_padded(log_probs, 0.0), params)
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        recorder = _SampledTokenLogProbs(params.temperature)
+        processors = [recorder]
+        sampling = {"do_sample": False}
+        if not params.greedy:
+            # HF's own warpers stay neutral (top_k=0 overrides its default of 50); ours run in order.
+            sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        generation_config = GenerationConfig(
+            max_new_tokens=params.response_length,
+            num_beams=1,
+            num_return_sequences=1,
+            eos_token_id=list(params.eos_token_ids) or None,
+            pad_token_id=params.pad_token_id,
+            use_cache=True,
+            **sampling,
+        )
+        sequences = self.module.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            logits_processor=LogitsProcessorList(processors),
+        )
+        return sequences[:, input_ids.shape[1]:], recorder.finish(sequences)
+
+
+def _cat_padded(parts: list[torch.Tensor], value) -> torch.Tensor:
+    """Concatenate rows of micro-batches that stopped after different numbers of steps."""
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=value) for p in parts])
