@@ -1,0 +1,625 @@
+"""The checks `verl.trainer.config_validation.validate_config` runs on a resolved trainer config.
+
+Each check is a small function ``check_x(run) -> Iterable[Issue]`` listed in `CHECKS`; an `Issue` is an
+error or a warning about one dotted key whose message says what is wrong and how to fix it. A new
+check is one function added to `CHECKS`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.trainer.config.compose import dotted_keys
+from verl.trainer.ppo.core_algos import (
+    KL_PENALTY_TYPES,
+    LOSS_AGG_MODES,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+    registered_adv_estimators,
+    registered_policy_losses,
+)
+from verl.workers.reward_manager import get_reward_manager_cls, registered_reward_managers
+from verl.workers.rollout import get_rollout_class
+
+LR_SCHEDULERS = ("constant", "cosine")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
+_LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+# Estimators whose baseline comes from the other samples of the same prompt.
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo")
+
+AR = "actor_rollout_ref"
+ACTOR, REF, ROLLOUT = f"{AR}.actor", f"{AR}.ref", f"{AR}.rollout"
+
+# Keys with a fixed set of values.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.truncation": ("error", "left", "right", "middle"),
+    f"{ACTOR}.loss_agg_mode": LOSS_AGG_MODES,
+    "critic.loss_agg_mode": LOSS_AGG_MODES,
+    f"{ACTOR}.optim.lr_scheduler_type": LR_SCHEDULERS,
+    "critic.optim.lr_scheduler_type": LR_SCHEDULERS,
+    f"{ROLLOUT}.mode": ("sync", "async"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "algorithm.pf_ppo.reweight_method": ("pow", "max_min", "max_random"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.device": ("cuda", "cpu"),
+    "trainer.backend": ("ray", "local"),
+}
+
+# Types of keys whose default is null (everywhere else a value must have its default's type).
+# fnmatch patterns over the dotted key; the first match wins.
+NULL_DEFAULT_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("*micro_batch_size", (int,)),
+    ("*micro_batch_size_per_gpu", (int,)),
+    ("*total_training_steps", (int,)),
+    ("trainer.max_*_ckpt_to_keep", (int,)),
+    ("*max_model_len", (int,)),
+    ("*max_length", (int,)),
+    ("*_turns", (int,)),
+    ("data.val_batch_size", (int,)),
+    ("ray_kwargs.ray_init.num_cpus", (int,)),
+    ("data.train_files", (str, list)),
+    ("data.val_files", (str, list)),
+    ("critic.enable", (bool,)),
+    ("*loss_scale_factor", (float,)),
+    ("*path", (str,)),
+    ("*_dir", (str,)),
+    ("*.name", (str,)),
+    ("*class_name", (str,)),
+    ("data.tokenizer", (str,)),
+    ("*warmup_style", (str,)),
+    ("algorithm.filter_groups.metric", (str,)),
+)
+# Types accepted on top of the default's type.
+ALSO_ACCEPTED: dict[str, tuple[type, ...]] = {"trainer.logger": (str,)}
+
+
+@dataclass(frozen=True)
+class Issue:
+    key: str
+    message: str  # what is wrong, then how to fix it
+    warning: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+def error(key: str, message: str) -> Issue:
+    return Issue(key, message)
+
+
+def warn(key: str, message: str) -> Issue:
+    return Issue(key, message, warning=True)
+
+
+_MISSING = object()
+
+
+def _lookup(tree: Any, key: str) -> Any:
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+@dataclass
+class Run:
+    """The resolved config under check, its defaults, and the facts several checks derive from them."""
+
+    cfg: dict  # resolved values
+    defaults: dict  # resolved defaults of ppo_trainer.yaml
+    raw: dict = field(default_factory=dict)  # unresolved values: tells which keys follow another via ${...}
+    n_devices: int | None = None  # total devices the workers get
+    n_devices_source: str = ""  # how n_devices was found, for messages
+    bad_keys: set[str] = field(default_factory=set)  # keys with a wrong type: other checks read them as unset
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.bad_keys:
+            return default
+        value = _lookup(self.cfg, key)
+        return default if value is _MISSING else value
+
+    def default(self, key: str) -> Any:
+        value = _lookup(self.defaults, key)
+        return None if value is _MISSING else value
+
+    def follows(self, key: str) -> bool:
+        """Whether `key` is just another key's value (``${other.key}``) rather than set by itself."""
+        value = _lookup(self.raw, key)
+        return (isinstance(value, str) and value.startswith("${") and value.endswith("}")
+                and value.count("${") == 1 and not value.startswith("${oc.env:"))
+
+    @property
+    def uses_critic(self) -> bool:
+        enable = self.get("critic.enable")
+        return bool(enable) if enable is not None else self.get("algorithm.adv_estimator") == "gae"
+
+    @property
+    def uses_ref(self) -> bool:
+        return bool(self.get("algorithm.use_kl_in_reward")) or bool(self.get(f"{ACTOR}.use_kl_loss"))
+
+    @property
+    def uses_reward_model(self) -> bool:
+        return bool(self.get("reward_model.enable"))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_format(v) for v in value) + "]"
+    return str(value)
+
+
+def _module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def _not_in(key: str, value: Any, allowed: Sequence[str], what: str = "value") -> Issue:
+    guess = difflib.get_close_matches(str(value), list(allowed), n=1, cutoff=0.6)
+    hint = f"; did you mean {guess[0]}?" if guess else "."
+    return error(key, f"{value!r} is not a known {what}{hint} Choose one of: {', '.join(allowed)}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Types
+# --------------------------------------------------------------------------------------------------
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               list: "a list, e.g. [a,b]", dict: "a group of keys"}
+
+
+def _type_of(value: Any) -> type:
+    return next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)), type(value))
+
+
+def _declared_types(key: str, default: Any) -> tuple[type, ...] | None:
+    if default is None:
+        return next((types for pattern, types in NULL_DEFAULT_TYPES if fnmatch.fnmatchcase(key, pattern)), None)
+    return (_type_of(default),) + ALSO_ACCEPTED.get(key, ())
+
+
+def _accepted_types(declared: tuple[type, ...], default: Any) -> tuple[type, ...]:
+    accepted = list(declared)
+    if float in declared:
+        accepted.append(int)  # 1 where 1.0 is expected is fine
+    if isinstance(default, str):
+        accepted += [int, float]  # a name: Hydra parses experiment_name=2024 as a number
+    return tuple(accepted)
+
+
+def check_types(run: Run) -> Iterator[Issue]:
+    """Every value has its default's type, or the type NULL_DEFAULT_TYPES gives for a null default.
+
+    Ints are accepted where floats are expected; bool is not an int. Keys added with ``+`` are skipped.
+    """
+    yield from _check_types_under(run.cfg, run.defaults, "")
+
+
+def _check_types_under(values: Mapping, defaults: Mapping, prefix: str) -> Iterator[Issue]:
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if name not in defaults:
+            continue
+        default = defaults[name]
+        if isinstance(default, Mapping) and isinstance(value, Mapping):
+            yield from _check_types_under(value, default, f"{key}.")
+            continue
+        declared = _declared_types(key, default)
+        if value is None or declared is None or _type_of(value) in _accepted_types(declared, default):
+            continue
+        words = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in declared)
+        got = _TYPE_WORDS.get(_type_of(value), type(value).__name__)
+        example = f", e.g. {key}={_format(default)}" if default is not None and not isinstance(default, Mapping) else ""
+        yield error(key, f"expected {words}, got {value!r} ({got}). Set a value of that type{example}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Allowed values
+# --------------------------------------------------------------------------------------------------
+
+
+def check_choices(run: Run) -> Iterator[Issue]:
+    """Keys with a fixed set of values (CHOICES), and the deprecated optim.warmup_style."""
+    for key, allowed in CHOICES.items():
+        value = run.get(key)
+        if value is not None and value not in allowed:
+            yield _not_in(key, value, allowed)
+    for prefix in (ACTOR, "critic"):
+        key = f"{prefix}.optim.warmup_style"
+        value = run.get(key)
+        if value is not None and value not in LR_SCHEDULERS:
+            yield _not_in(key, value, LR_SCHEDULERS)
+        elif value is not None:
+            yield warn(key, f"is deprecated. Use {prefix}.optim.lr_scheduler_type={value} instead")
+
+
+_REGISTERED_KEYS = (
+    ("algorithm.adv_estimator", "advantage estimator", get_adv_estimator_fn, registered_adv_estimators),
+    (f"{ACTOR}.policy_loss.loss_mode", "policy loss", get_policy_loss_fn, registered_policy_losses),
+    ("reward_model.reward_manager", "reward manager", get_reward_manager_cls, registered_reward_managers),
+)
+
+
+def check_registered_names(run: Run) -> Iterator[Issue]:
+    """Advantage estimator, policy loss and reward manager name something registered (imported lazily)."""
+    for key, what, lookup, names in _REGISTERED_KEYS:
+        value = run.get(key)
+        if value is None:
+            continue
+        try:
+            lookup(value)
+        except (KeyError, ValueError):
+            yield _not_in(key, value, tuple(names()), what)
+
+
+def check_kl_estimators(run: Run) -> Iterator[Issue]:
+    """KL estimator names, optionally with a trailing + (value of the estimator, gradient of k2)."""
+    for key in (f"{ACTOR}.kl_loss_type", "algorithm.kl_penalty"):
+        value = run.get(key)
+        if value is not None and value.removesuffix("+") not in KL_PENALTY_TYPES:
+            yield _not_in(key, value, KL_PENALTY_TYPES, "KL estimator (a trailing + is allowed)")
+
+
+def check_strategies(run: Run) -> Iterator[Issue]:
+    """Training strategies are FSDP (fsdp and fsdp2 both mean FSDP2 here); Megatron is not shipped."""
+    for key in (f"{ACTOR}.strategy", f"{REF}.strategy", "critic.strategy", "reward_model.strategy"):
+        value = run.get(key)
+        if value == "megatron":
+            yield error(key, "the Megatron backend is not shipped; this verl trains with FSDP2 only. "
+                             f"Set {key}=fsdp (or fsdp2; both mean FSDP2)")
+        elif value is not None and value not in ("fsdp", "fsdp2"):
+            yield _not_in(key, value, ("fsdp", "fsdp2"), "strategy")
+
+
+def check_rollout_engine(run: Run) -> Iterator[Issue]:
+    """rollout.name is a built-in engine; an external engine's name gets a message saying what to use."""
+    key = f"{ROLLOUT}.name"
+    name = run.get(key)
+    if name is None:
+        return
+    try:
+        get_rollout_class(name)
+    except ValueError as e:
+        yield error(key, str(e))
+
+
+def check_loggers(run: Run) -> Iterator[Issue]:
+    """trainer.logger entries are known backends; a backend whose package is missing gets a warning."""
+    value = run.get("trainer.logger")
+    for entry in [value] if isinstance(value, str) else (value or []):
+        if entry not in LOGGERS:
+            yield _not_in("trainer.logger", entry, LOGGERS, "logger")
+        elif entry in _LOGGER_PACKAGES and not _module_available(_LOGGER_PACKAGES[entry]):
+            yield warn("trainer.logger", f"{entry!r} is listed but the {_LOGGER_PACKAGES[entry]} package is not "
+                                         "installed. Install it, or leave it out, e.g. trainer.logger=[console]")
+
+
+def check_backend(run: Run) -> Iterator[Issue]:
+    """The worker backend can start: Ray installed for backend=ray, one node for backend=local."""
+    backend, nnodes = run.get("trainer.backend"), run.get("trainer.nnodes")
+    if backend == "ray" and not _module_available("ray"):
+        yield error("trainer.backend", "'ray' needs the ray package, which is not installed. Install it (pip "
+                                       "install 'ray[default]'), or set trainer.backend=local to run in one process")
+    if backend == "local" and _positive_int(nnodes) and nnodes > 1:
+        yield error("trainer.nnodes", "the local backend runs in one process on one node. "
+                                      "Set trainer.nnodes=1, or trainer.backend=ray for several nodes")
+    if run.get(f"{AR}.hybrid_engine") is False:
+        yield error(f"{AR}.hybrid_engine", f"only the colocated hybrid engine is shipped. Set {AR}.hybrid_engine=true")
+
+
+# --------------------------------------------------------------------------------------------------
+# Required keys, ranges, sampling, combinations
+# --------------------------------------------------------------------------------------------------
+
+
+def check_required(run: Run) -> Iterator[Issue]:
+    """Data files and model paths that the configured run needs."""
+    files = run.get("data.train_files")
+    if not files or (isinstance(files, list) and not all(files)):
+        yield error("data.train_files", "is required: no training data given. "
+                                        "Set data.train_files=path/to/train.parquet (or a list of files)")
+    elif isinstance(files, list) and not all(isinstance(f, str) for f in files):
+        yield error("data.train_files", "every entry must be a file path, e.g. data.train_files=[a.parquet,b.parquet]")
+    if run.get(f"{AR}.model.path") is None:
+        yield error(f"{AR}.model.path", f"is required: the policy model to train. "
+                                        f"Set {AR}.model.path=<local Hugging Face model folder>")
+    if run.uses_critic and run.get("critic.model.path") is None:
+        yield error("critic.model.path", "is required because a critic is used (adv_estimator=gae or critic."
+                                         "enable=true). Set critic.model.path=<model folder>, usually the policy's")
+    if run.uses_reward_model and run.get("reward_model.model.path") is None:
+        yield error("reward_model.model.path", "is required because reward_model.enable=true. "
+                                               "Set reward_model.model.path=<reward model folder>")
+    path = run.get("custom_reward_function.path")
+    if path is not None and not os.path.isfile(str(path)):
+        yield error("custom_reward_function.path", f"file {path!r} does not exist. "
+                                                   "Point it at the Python file that defines your reward function")
+
+
+_POSITIVE = (
+    "data.train_batch_size", "data.gen_batch_size", "data.max_prompt_length", "data.max_response_length",
+    f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_epochs", f"{ACTOR}.ppo_max_token_len_per_gpu",
+    f"{ACTOR}.ulysses_sequence_parallel_size", f"{ACTOR}.optim.lr",
+    f"{ROLLOUT}.n", f"{ROLLOUT}.val_kwargs.n", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+    "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs", "trainer.total_training_steps",
+)
+_POSITIVE_WITH_CRITIC = ("critic.ppo_mini_batch_size", "critic.ppo_epochs", "critic.ppo_max_token_len_per_gpu",
+                         "critic.ulysses_sequence_parallel_size", "critic.optim.lr")
+_NON_NEGATIVE = (f"{ACTOR}.clip_ratio", f"{ACTOR}.clip_ratio_low", f"{ACTOR}.clip_ratio_high", f"{ACTOR}.entropy_coeff",
+                 f"{ACTOR}.kl_loss_coef", "algorithm.kl_ctrl.kl_coef", "critic.cliprange_value")
+# key -> whether 0 is excluded; the upper bound is 1 (included).
+_UNIT_INTERVAL = {f"{ROLLOUT}.gpu_memory_utilization": True, f"{ROLLOUT}.top_p": True,
+                  f"{ROLLOUT}.val_kwargs.top_p": True, "algorithm.gamma": False, "algorithm.lam": False}
+
+
+def check_ranges(run: Run) -> Iterator[Issue]:
+    """Sizes, lengths and learning rates > 0; coefficients >= 0; ratios inside their ranges."""
+    keys = list(_POSITIVE) + (list(_POSITIVE_WITH_CRITIC) if run.uses_critic else [])
+    keys += [k for k in dotted_keys(run.cfg) if k.endswith(("micro_batch_size", "micro_batch_size_per_gpu"))]
+    for key in dict.fromkeys(keys):
+        value = run.get(key)
+        if _number(value) and value <= 0:
+            yield error(key, f"must be > 0, got {value}. Set a positive value")
+    for key in _NON_NEGATIVE:
+        value = run.get(key)
+        if _number(value) and value < 0:
+            yield error(key, f"must be >= 0, got {value}")
+    for key, open_at_zero in _UNIT_INTERVAL.items():
+        value = run.get(key)
+        if _number(value) and not ((value > 0 if open_at_zero else value >= 0) and value <= 1):
+            yield error(key, f"must be in {'(0' if open_at_zero else '[0'}, 1], got {value}")
+    value = run.get(f"{ACTOR}.clip_ratio_c")
+    if _number(value) and value <= 1:
+        yield error(f"{ACTOR}.clip_ratio_c", f"must be > 1 (it bounds the loss of negative advantages), got {value}. "
+                                             "The usual value is 3.0")
+
+
+def check_sampling(run: Run) -> Iterator[Issue]:
+    """Sampling needs a temperature > 0; group estimators need several samples per prompt."""
+    for prefix in (ROLLOUT, f"{ROLLOUT}.val_kwargs"):
+        temperature = run.get(f"{prefix}.temperature")
+        if run.get(f"{prefix}.do_sample") and _number(temperature) and temperature <= 0:
+            yield error(f"{prefix}.temperature", f"must be > 0 when {prefix}.do_sample=true, got {temperature}. Set "
+                                                 f"{prefix}.temperature=1.0, or {prefix}.do_sample=false for greedy")
+    estimator, n = run.get("algorithm.adv_estimator"), run.get(f"{ROLLOUT}.n")
+    if estimator in GROUP_ESTIMATORS and n == 1:
+        yield warn(f"{ROLLOUT}.n", f"is 1, but adv_estimator={estimator} compares the samples of each prompt, so "
+                                   f"every advantage will be 0. Set {ROLLOUT}.n=5 (any value >= 2)")
+
+
+def check_combinations(run: Run) -> Iterator[Issue]:
+    """Options that only make sense together with another setting."""
+    if run.get("reward_model.overlong_buffer.enable") and run.get("reward_model.reward_manager") != "dapo":
+        yield warn("reward_model.overlong_buffer.enable", "is only read by the dapo reward manager, so no length "
+                                                          "penalty is applied. Set reward_model.reward_manager=dapo")
+    if run.get("data.val_batch_size") is not None:
+        yield warn("data.val_batch_size", "is deprecated and ignored: the whole validation set is sent in one batch")
+    if run.get("trainer.resume_mode") == "resume_path":
+        path = run.get("trainer.resume_from_path")
+        if not path or "global_step_" not in str(path):
+            yield error("trainer.resume_from_path", "must name a checkpoint folder like .../global_step_100 when "
+                                                    f"trainer.resume_mode=resume_path, got {_format(path)}. "
+                                                    "Set it, or use trainer.resume_mode=auto")
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch sizes
+# --------------------------------------------------------------------------------------------------
+
+
+def _micro_batch_roles(run: Run) -> list[tuple[str, str, str]]:
+    """(section, micro batch key name, dynamic-batch flag) of the roles this run uses."""
+    roles = [(ACTOR, "ppo_micro_batch_size", f"{ACTOR}.use_dynamic_bsz"),
+             (ROLLOUT, "log_prob_micro_batch_size", f"{ROLLOUT}.log_prob_use_dynamic_bsz")]
+    if run.uses_ref:
+        roles.append((REF, "log_prob_micro_batch_size", f"{REF}.log_prob_use_dynamic_bsz"))
+    if run.uses_critic:
+        roles.append(("critic", "ppo_micro_batch_size", "critic.use_dynamic_bsz"))
+    if run.uses_reward_model:
+        roles.append(("reward_model", "micro_batch_size", "reward_model.use_dynamic_bsz"))
+    return roles
+
+
+def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
+    """Exactly one of ``<x>_micro_batch_size`` (deprecated, global) and ``<x>_micro_batch_size_per_gpu``."""
+    for section, name, dynamic_key in _micro_batch_roles(run):
+        if run.get(dynamic_key):
+            continue
+        global_key, gpu_key = f"{section}.{name}", f"{section}.{name}_per_gpu"
+        global_value, gpu_value = run.get(global_key), run.get(gpu_key)
+        if global_value is not None and gpu_value is not None:
+            yield error(global_key, f"is set together with {gpu_key}; set only one. "
+                                    f"Remove {global_key} (deprecated) and keep {gpu_key}")
+        elif global_value is None and gpu_value is None:
+            yield error(gpu_key, f"is not set. Set {gpu_key}=<sequences per device per forward pass>, e.g. 4, "
+                                 f"or {dynamic_key}=true to size micro batches by tokens")
+        elif global_value is not None:
+            per_gpu = global_value // run.n_devices if _positive_int(global_value) and run.n_devices else "N"
+            yield warn(global_key, f"is deprecated. Use {gpu_key}={per_gpu} "
+                                   "(the global value divided by the number of devices)")
+    if run.uses_critic and not run.get("critic.use_dynamic_bsz"):
+        global_key, gpu_key = "critic.forward_micro_batch_size", "critic.forward_micro_batch_size_per_gpu"
+        if run.get(global_key) is not None and run.get(gpu_key) is not None:
+            yield error(global_key, f"is set together with {gpu_key}; set only one. Keep {gpu_key}")
+
+
+def _micro_per_device(run: Run, section: str, name: str) -> int | None:
+    per_gpu = run.get(f"{section}.{name}_per_gpu")
+    if _positive_int(per_gpu):
+        return per_gpu
+    global_value = run.get(f"{section}.{name}")
+    if _positive_int(global_value) and run.n_devices:
+        return max(global_value // run.n_devices, 1)
+    return None
+
+
+def check_batch_sizes(run: Run) -> Iterator[Issue]:
+    """Batches split evenly over the devices, into mini batches, and into micro batches."""
+    devices, source = run.n_devices, run.n_devices_source
+    train, n = run.get("data.train_batch_size"), run.get(f"{ROLLOUT}.n")
+    if not (_positive_int(devices) and _positive_int(train) and _positive_int(n)):
+        return
+    if (train * n) % devices:
+        yield error("data.train_batch_size",
+                    f"data.train_batch_size ({train}) x {ROLLOUT}.n ({n}) = {train * n} sequences cannot be split "
+                    f"evenly over {devices} devices ({source}). Make train_batch_size x n a multiple of {devices}")
+    roles = [(ACTOR, f"{ACTOR}.use_dynamic_bsz")]
+    if run.uses_critic:
+        roles.append(("critic", "critic.use_dynamic_bsz"))
+    for section, dynamic_key in roles:
+        yield from _check_role_batches(run, section, dynamic_key, train, n)
+
+
+def _check_role_batches(run: Run, section: str, dynamic_key: str, train: int, n: int) -> Iterator[Issue]:
+    devices, source = run.n_devices, run.n_devices_source
+    mini_key, sp_key = f"{section}.ppo_mini_batch_size", f"{section}.ulysses_sequence_parallel_size"
+    mini, sp = run.get(mini_key), run.get(sp_key, 1)
+    if not (_positive_int(mini) and _positive_int(sp)):
+        return
+    if devices % sp:
+        yield error(sp_key, f"({sp}) must divide the number of devices ({devices}, {source})")
+        return
+    dp = devices // sp
+    # The critic's mini batch follows the actor's by default: a shared problem is reported once.
+    shared = section != ACTOR and mini == run.get(f"{ACTOR}.ppo_mini_batch_size")
+    if mini > train or (mini * n) % dp:
+        actor_sp = run.get(f"{ACTOR}.ulysses_sequence_parallel_size")
+        if shared and (mini > train or sp == actor_sp):
+            return
+        if shared:
+            yield error(sp_key, f"({sp}) leaves {dp} data-parallel ranks, over which {mini_key} ({mini}) x n ({n}) "
+                                f"= {mini * n} sequences cannot be split evenly. Use a size that keeps this a multiple")
+        elif mini > train:
+            yield error(mini_key, f"({mini}) is larger than data.train_batch_size ({train}). "
+                                  f"Set {mini_key} to a divisor of {train}")
+        else:
+            ranks = f"{dp} data-parallel ranks ({source}{f' / sequence parallel {sp}' if sp > 1 else ''})"
+            yield error(mini_key, f"({mini}) x {ROLLOUT}.n ({n}) = {mini * n} sequences cannot be split evenly over "
+                                  f"{ranks}. Make {mini_key} x n a multiple of {dp}")
+        return
+    if train % mini and not shared:
+        yield error(mini_key, f"({mini}) must divide data.train_batch_size ({train}) so that every optimizer step "
+                              f"sees a full mini batch. Set {mini_key} to a divisor of {train}")
+    micro = _micro_per_device(run, section, "ppo_micro_batch_size")
+    if run.get(dynamic_key) or micro is None:
+        return
+    per_device = mini * n // dp
+    micro_key = f"{section}.ppo_micro_batch_size_per_gpu"
+    arithmetic = f"{mini_key} {mini} x n {n} / {dp} ranks = {per_device}"
+    if micro > per_device:
+        yield error(micro_key, f"({micro}) is larger than the per-device mini batch ({arithmetic}). "
+                               f"Set {micro_key} to a divisor of {per_device}")
+    elif per_device % micro:
+        yield error(micro_key, f"({micro}) must divide the per-device mini batch ({arithmetic}). "
+                               f"Set {micro_key} to a divisor of {per_device}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys only another backend reads
+# --------------------------------------------------------------------------------------------------
+
+_DATA_PARALLEL_ONLY = "it is data-parallel only: every device holds a full copy of the model"
+_IGNORED_KEY_REASONS = {
+    "tensor_model_parallel_size": _DATA_PARALLEL_ONLY,
+    "pipeline_model_parallel_size": _DATA_PARALLEL_ONLY,
+    "expert_parallel_size": _DATA_PARALLEL_ONLY,
+}
+
+
+def check_other_backend_keys(run: Run) -> Iterator[Issue]:
+    """Keys that only vLLM/SGLang or Megatron read: a warning names each one set, since nothing reads it here."""
+    engine = run.get(f"{ROLLOUT}.name")
+    try:
+        ignored = get_rollout_class(engine).ignored_config_keys
+    except ValueError:
+        ignored = ()  # check_rollout_engine reports the unknown engine
+    for name in ignored:
+        key = f"{ROLLOUT}.{name}"
+        value = run.get(key)
+        if value != run.default(key):
+            reason = _IGNORED_KEY_REASONS.get(name, "only external engines such as vLLM/SGLang read it")
+            yield warn(key, f"is set to {_format(value)} but the {engine!r} rollout engine ignores it ({reason}). "
+                            "Remove it to silence this warning")
+    key = "trainer.use_legacy_worker_impl"
+    if run.get(key) != run.default(key):
+        yield warn(key, "is ignored: there is one worker implementation. Remove it to silence this warning")
+    for key in dotted_keys(run.cfg):
+        parts = key.split(".")
+        if parts[-1] == "megatron" and "megatron" not in parts[:-1]:
+            yield warn(key, "Megatron-backend settings are ignored: this verl trains with FSDP2 only. Remove them")
+
+
+# Keys of the original verl whose feature this verl does not implement (yet), with what setting them
+# would change: a feature that changes what is learned is an error, a speed/memory knob a warning.
+# Remove a key from here in the change that implements it.
+_NOT_IMPLEMENTED_ERRORS = {
+    f"{AR}.model.lora_rank": "LoRA adapters",
+    "critic.model.lora_rank": "LoRA adapters",
+    f"{ROLLOUT}.multi_turn.enable": "multi-turn / tool-calling rollouts",
+    "algorithm.use_pf_ppo": "policy-filtration PPO",
+    "algorithm.filter_groups.enable": "DAPO dynamic sampling",
+    "data.custom_cls.path": "custom dataset classes",
+    "data.sampler.class_path": "custom samplers",
+    "data.datagen.path": "dynamic data generation",
+    "trainer.default_hdfs_dir": "HDFS checkpoint copies",
+}
+_NOT_IMPLEMENTED_WARNINGS = (
+    "data.use_shm", f"{AR}.model.use_shm", "critic.model.use_shm", "reward_model.model.use_shm",
+    f"{AR}.model.use_liger", f"{AR}.model.use_fused_kernels",
+    f"{AR}.model.enable_activation_offload", "critic.model.enable_activation_offload",
+    f"{ACTOR}.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size",
+    f"{ACTOR}.checkpoint.async_save", "critic.checkpoint.async_save",
+    "reward_model.launch_reward_fn_async",
+)
+
+
+def check_not_implemented(run: Run) -> Iterator[Issue]:
+    """Keys whose feature is not implemented: never silently ignored."""
+    for key, feature in _NOT_IMPLEMENTED_ERRORS.items():
+        value = run.get(key)
+        if value != run.default(key) and not run.follows(key):
+            yield error(key, f"is set to {_format(value)}, but {feature} are not implemented in this verl. "
+                             f"Remove {key} from the command line")
+    for key in _NOT_IMPLEMENTED_WARNINGS:
+        value = run.get(key)
+        if value != run.default(key) and not run.follows(key):
+            yield warn(key, f"is set to {_format(value)}, but this verl does not implement it, so it has no "
+                            "effect. Remove it to silence this warning")
+
+
+# The checks validate_config runs after check_types, in this order.
+CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
+    check_required,
+    check_choices,
+    check_registered_names,
+    check_kl_estimators,
+    check_strategies,
+    check_rollout_engine,
+    check_loggers,
+    check_backend,
+    check_ranges,
+    check_sampling,
+    check_combinations,
+    check_micro_batch_pairs,
+    check_batch_sizes,
+    check_other_backend_keys,
+    check_not_implemented,
+)

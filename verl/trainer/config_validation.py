@@ -1,0 +1,94 @@
+"""Compose the PPO trainer config from a command line and check it before anything heavy starts.
+
+    from verl.trainer.config_validation import compose_ppo_config, validate_config
+    config = compose_ppo_config(sys.argv[1:])   # Hydra overrides; unknown keys -> ConfigError
+    warnings = validate_config(config)          # every problem at once -> ConfigError
+
+`validate_config` raises one `ConfigError` whose message lists each problem on its own line as
+``- <dotted.key>: <what is wrong>. <how to fix>``. Warnings (a key only another backend reads, a
+deprecated key, ...) go to the ``verl.config`` logger and are returned. The checks themselves live in
+`verl.trainer.config.checks`.
+
+Check a command line without running anything (exit code 0 when valid, 1 otherwise)::
+
+    python -m verl.trainer.config_validation data.train_files=train.parquet actor_rollout_ref.model.path=MODEL ...
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.config import ConfigError
+from verl.trainer.config.checks import CHECKS, Run, check_types
+from verl.trainer.config.compose import compose_ppo_config, default_ppo_values
+
+__all__ = ["ConfigError", "SUCCESS_LINE", "compose_ppo_config", "main", "validate_config"]
+
+logger = logging.getLogger("verl.config")
+
+SUCCESS_LINE = "[validate_config] All configuration checks passed successfully!"
+
+
+def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = None) -> list[str]:
+    """Check the whole config; raise `ConfigError` listing every problem, else return the warnings.
+
+    `n_devices` is the total number of devices the workers get (default: trainer.n_gpus_per_node x
+    trainer.nnodes). Each warning is a ``<dotted.key>: <message>`` string, also logged on
+    ``verl.config``. On success prints `SUCCESS_LINE` once.
+    """
+    if not isinstance(config, DictConfig):
+        config = OmegaConf.create(dict(config))
+    try:
+        values = OmegaConf.to_container(config, resolve=True)
+    except Exception as e:  # an interpolation pointing nowhere: nothing else can be checked reliably
+        key = getattr(e, "full_key", None) or "<config>"
+        raise ConfigError("Invalid configuration:", [
+            f"{key}: cannot be resolved ({str(e).splitlines()[0]}). Fix or remove the ${{...}} reference"
+        ]) from e
+
+    run = Run(cfg=values, defaults=default_ppo_values(), raw=OmegaConf.to_container(config, resolve=False))
+    issues = list(check_types(run))
+    run.bad_keys = {issue.key for issue in issues}
+    _count_devices(run, n_devices)
+    for check in CHECKS:
+        issues.extend(issue for issue in check(run) if issue.key not in run.bad_keys)
+    # A key that follows another through ${...} repeats the other key's problem: report it at the source.
+    issues = [issue for issue in issues if not run.follows(issue.key)]
+
+    warnings = [str(issue) for issue in issues if issue.warning]
+    for line in warnings:
+        logger.warning("[validate_config] warning: %s", line)
+    errors = [str(issue) for issue in issues if not issue.warning]
+    if errors:
+        raise ConfigError(f"Invalid configuration ({len(errors)} problem{'s' if len(errors) > 1 else ''}):", errors)
+    print(SUCCESS_LINE, flush=True)
+    return warnings
+
+
+def _count_devices(run: Run, n_devices: int | None) -> None:
+    if n_devices is not None:
+        run.n_devices, run.n_devices_source = n_devices, "as passed to validate_config"
+        return
+    nodes, per_node = run.get("trainer.nnodes"), run.get("trainer.n_gpus_per_node")
+    if isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 and per_node > 0:
+        run.n_devices = nodes * per_node
+        run.n_devices_source = f"trainer.n_gpus_per_node={per_node} x trainer.nnodes={nodes}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Compose and validate a command line without running anything; 0 when it is valid, else 1."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        validate_config(compose_ppo_config(args))
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
