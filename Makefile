@@ -21,7 +21,6 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/data_preprocess/gsm8k.py --local_dataset_path examples/data_preprocess/fixtures/gsm8k --local_dir demo_output/gsm8k
-	$(PY) -c "import pandas as pd; df = pd.read_parquet('demo_output/gsm8k/train.parquet'); pd.set_option('display.max_colwidth', 80); print(df.head(3).to_string())"
 
 clean:
 	rm -rf $(VENV) demo_output
