@@ -30,3 +30,19 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir):
     from verl.utils.tiny_model import build_tiny_causal_lm
 
     return build_tiny_causal_lm(str(tmp_path_factory.mktemp("tiny_llama")), tiny_tokenizer_dir, arch="llama")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test session: loopback only (all of Ray's own services
+    too), no dashboard, 8 logical CPUs (workers take fractions of a CPU, so this fits a 2-core
+    machine). Ray is imported here, so tests that do not use it do not pay for it."""
+    import ray
+
+    from verl.single_controller.ray import init_ray
+
+    if not ray.is_initialized():
+        init_ray({"ray_init": {"address": "local", "num_cpus": 8, "object_store_memory": 512 * 1024**2}},
+                 device="cpu")
+    yield ray
+    ray.shutdown()

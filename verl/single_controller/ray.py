@@ -1,0 +1,362 @@
+"""The Ray backend: one Ray actor per device, placed by a ResourcePool.
+
+    pool = ResourcePool([n_gpus_per_node] * nnodes, use_gpu=True)
+    critic_wg = RayWorkerGroup(pool, ClassWithInitArgs(CriticWorker, config), name_prefix="critic")
+    # or several roles sharing each device, one actor per device hosting all of them:
+    wgs = create_colocated_worker_groups(pool, {"actor_rollout": ClassWithInitArgs(...),
+                                                "critic": ClassWithInitArgs(...)})
+
+A ResourcePool reserves one placement group per node (STRICT_PACK, one bundle per worker) and
+hands out ranks in a stable order: nodes sorted by IP, then bundle order. Up to
+``max_colocate_count`` worker groups may share a pool; each actor takes that fraction of a bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
+from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            PlacementGroupSchedulingStrategy)
+
+from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV
+from verl.single_controller.worker_group import (ClassWithInitArgs, WorkerError, WorkerGroup,
+                                                 colocated_worker_class)
+
+__all__ = ["init_ray", "ResourcePool", "RayWorkerGroup", "ClassWithInitArgs",
+           "create_colocated_worker_groups"]
+
+logger = logging.getLogger("verl.single_controller")
+
+# After one rank raises, how long the others get to finish before we assume they are stuck in a
+# collective waiting for it and stop the group.
+FAILURE_GRACE_S = 3.0
+
+
+def _plain(value):
+    """Mappings and sequences (e.g. OmegaConf containers) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@contextlib.contextmanager
+def _loopback_node_address():
+    """Recent Ray swaps a loopback node address for the host's reachable one (and its services then
+    listen on every interface) unless it believes clusters are off. Say so while the local node
+    starts: the env var for the Ray processes started now, the constant for this one."""
+    from ray._private import ray_constants
+
+    key, saved_flag = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER
+    saved_env = os.environ.get(key)
+    os.environ[key], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = saved_env
+
+
+def init_ray(ray_kwargs: Mapping | None = None, device: str = "cuda") -> None:
+    """Make sure this process is connected to Ray: reuse a running connection, else join the
+    cluster named by ``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``, else (or with
+    ``address="local"``) start a local, loopback-only instance with the dashboard off.
+
+    ``ray_kwargs`` is verl's ``ray_kwargs`` config: its ``ray_init`` entries go to ``ray.init``
+    (``None`` values are dropped; ``num_cpus`` defaults to ``os.cpu_count()``). Every Ray worker
+    gets ``TOKENIZERS_PARALLELISM=true`` and ``NCCL_DEBUG=WARN``, plus ``GLOO_SOCKET_IFNAME=lo``
+    for a local CPU run; ``ray_init.runtime_env.env_vars`` overrides them."""
+    if ray.is_initialized():
+        logger.info("Ray: reusing the Ray instance this process is already connected to")
+        return
+    ray_init = {k: v for k, v in _plain((ray_kwargs or {}).get("ray_init") or {}).items() if v is not None}
+    address = ray_init.pop("address", None) or os.environ.get("RAY_ADDRESS")
+    join = bool(address) and address != "local"
+    env_vars = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN"}
+    if not join and device == "cpu":
+        env_vars["GLOO_SOCKET_IFNAME"] = "lo"
+    runtime_env = dict(ray_init.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {**env_vars, **(runtime_env.get("env_vars") or {})}
+    if join:
+        ignored = [k for k in ("num_cpus", "num_gpus") if ray_init.pop(k, None) is not None]
+        if ignored:
+            logger.warning("Ray: ray_kwargs.ray_init.%s ignored when joining an existing cluster",
+                           "/".join(ignored))
+        ray.init(address=address, runtime_env=runtime_env, **ray_init)
+        logger.info("Ray: joined the cluster at %s", address)
+        return
+    ray_init.setdefault("num_cpus", os.cpu_count())
+    ray_init.setdefault("include_dashboard", False)
+    ray_init.setdefault("_node_ip_address", "127.0.0.1")
+    loopback = ray_init["_node_ip_address"] in ("127.0.0.1", "localhost")
+    with _loopback_node_address() if loopback else contextlib.nullcontext():
+        ray.init(address="local", runtime_env=runtime_env, **ray_init)
+    logger.info("Ray: started a local instance on %s with %s CPUs (set RAY_ADDRESS or "
+                "ray_kwargs.ray_init.address to join a cluster)", ray_init["_node_ip_address"],
+                ray_init["num_cpus"])
+
+
+# ============================================================================ resource pools
+@dataclass(frozen=True)
+class _Bundle:
+    pg: PlacementGroup
+    index: int  # bundle index in its placement group == local rank
+    node_id: str
+    node_ip: str
+    local_world_size: int
+
+
+class ResourcePool:
+    """Devices for worker groups: ``process_on_nodes[i]`` workers on the i-th node.
+
+    Each worker gets a bundle of ``num_cpus_per_worker`` CPUs (default 1 with GPUs, 0.25 without,
+    so a 2-core machine holds several CPU workers and the driver) plus one GPU when ``use_gpu``.
+    Placement groups are created on first use, after checking that the cluster can hold them.
+    """
+
+    def __init__(self, process_on_nodes: Sequence[int], use_gpu: bool = True, max_colocate_count: int = 3,
+                 num_cpus_per_worker: float | None = None, name: str = "global_pool",
+                 ready_timeout_s: float = 120.0):
+        process_on_nodes = list(process_on_nodes)
+        if not process_on_nodes or any(int(n) != n or n <= 0 for n in process_on_nodes):
+            raise ValueError(f"process_on_nodes must be a non-empty list of positive worker counts per "
+                             f"node, got {process_on_nodes}")
+        if max_colocate_count < 1:
+            raise ValueError(f"max_colocate_count must be at least 1, got {max_colocate_count}")
+        self.process_on_nodes = [int(n) for n in process_on_nodes]
+        self.use_gpu = use_gpu
+        self.max_colocate_count = max_colocate_count
+        self.num_cpus_per_worker = num_cpus_per_worker if num_cpus_per_worker is not None else (
+            1.0 if use_gpu else 0.25)
+        self.name = name
+        self.ready_timeout_s = ready_timeout_s
+        self._bundles: list[_Bundle] | None = None
+        self._groups = 0
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+    def actor_options(self) -> dict:
+        """Resources of one actor: its share of a bundle (Ray accepts 4 decimals; round down)."""
+        share = lambda x: int(x * 10_000 / self.max_colocate_count) / 10_000  # noqa: E731
+        return {"num_cpus": share(self.num_cpus_per_worker), "num_gpus": share(1.0) if self.use_gpu else 0}
+
+    def bundles(self) -> list[_Bundle]:
+        """One bundle per rank, in rank order (placement groups are made on the first call)."""
+        if self._bundles is None:
+            self._bundles = self._place()
+        return self._bundles
+
+    def remove(self) -> None:
+        """Give the reserved resources back to Ray (stop the pool's worker groups first)."""
+        for pg in {id(b.pg): b.pg for b in self._bundles or []}.values():
+            ray.util.remove_placement_group(pg)
+        self._bundles, self._groups = None, 0
+
+    def _check_cluster_fits(self) -> None:
+        n = self.process_on_nodes
+        layout = (f"trainer.n_gpus_per_node={n[0]} x trainer.nnodes={len(n)}" if len(set(n)) == 1
+                  else f"resource pool '{self.name}' with {n} workers per node")
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        gpus = [r.get("GPU", 0) for r in nodes]
+        if self.use_gpu and (sum(gpus) < self.world_size or max(gpus, default=0) < max(n)):
+            raise RuntimeError(
+                f"{layout} needs {self.world_size} GPUs ({max(n)} per node) but the Ray cluster has "
+                f"{sum(gpus):g} ({max(gpus, default=0):g} on its largest node); lower "
+                "trainer.n_gpus_per_node or trainer.nnodes, or set trainer.device=cpu")
+        cpus = sum(r.get("CPU", 0) for r in nodes)
+        if cpus < self.num_cpus_per_worker * self.world_size:
+            raise RuntimeError(
+                f"{layout} needs {self.num_cpus_per_worker * self.world_size:g} CPUs "
+                f"({self.num_cpus_per_worker:g} per worker) but the Ray cluster has {cpus:g}; lower "
+                "trainer.n_gpus_per_node or trainer.nnodes, or give Ray more (ray_kwargs.ray_init.num_cpus)")
+
+    def _place(self) -> list[_Bundle]:
+        init_ray(None, "cuda" if self.use_gpu else "cpu")
+        self._check_cluster_fits()
+        bundle = {"CPU": self.num_cpus_per_worker, **({"GPU": 1} if self.use_gpu else {})}
+        pgs = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK")
+               for n in self.process_on_nodes]
+        try:
+            ray.get([pg.ready() for pg in pgs], timeout=self.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            for pg in pgs:
+                ray.util.remove_placement_group(pg)
+            raise RuntimeError(
+                f"resource pool '{self.name}': Ray could not place {len(pgs)} group(s) of {self.process_on_nodes} "
+                f"bundles of {bundle} within {self.ready_timeout_s:g} s. Free now: "
+                f"{ray.available_resources()}. Other pools or actors may hold the resources, or no "
+                "single node has enough of them") from None
+        node_ip = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+        placed = []
+        for order, pg in enumerate(pgs):
+            node_id = placement_group_table(pg)["bundles_to_node_id"][0]
+            placed.append((node_ip[node_id], order, pg, node_id))
+        placed.sort(key=lambda p: (p[0], p[1]))  # stable ranks across restarts: sharded checkpoints
+        return [_Bundle(pg, i, node_id, ip, pg.bundle_count)
+                for ip, _, pg, node_id in placed for i in range(pg.bundle_count)]
+
+    def _claim(self, who: str) -> list[_Bundle]:
+        if self._groups >= self.max_colocate_count:
+            raise RuntimeError(
+                f"resource pool '{self.name}' already hosts {self._groups} worker groups "
+                f"(max_colocate_count={self.max_colocate_count}), so '{who}' does not fit: colocate roles "
+                "with create_colocated_worker_groups, give it its own ResourcePool, or raise "
+                "max_colocate_count")
+        bundles = self.bundles()
+        self._groups += 1
+        return bundles
+
+
+# ============================================================================ actors
+@ray.remote(num_cpus=0)
+def _free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+def _rendezvous(bundles: list[_Bundle], name: str) -> str:
+    """A file on one node (no socket at all); rank 0's node address and a free port across nodes."""
+    if len({b.node_ip for b in bundles}) == 1:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        return "file://" + os.path.join(tempfile.gettempdir(), "verl-rdzv", f"{safe}-{uuid.uuid4().hex}")
+    ip, where = bundles[0].node_ip, NodeAffinitySchedulingStrategy(bundles[0].node_id, soft=False)
+    return f"tcp://{ip}:{ray.get(_free_port.options(scheduling_strategy=where).remote(ip))}"
+
+
+class _Actors:
+    """The actors of one spawn, shared by the role views of colocated groups."""
+
+    def __init__(self, pool: ResourcePool, actor_cls, args: tuple, kwargs: dict, name: str,
+                 device: str | None):
+        device = device or ("cuda" if pool.use_gpu else "cpu")
+        if device == "cuda" and not pool.use_gpu:
+            raise ValueError(f"worker group '{name}' wants device='cuda' but its pool has use_gpu=False")
+        self.pool, self.stopped, self.handles = pool, None, []
+        bundles = pool._claim(name)
+        try:
+            self._start(bundles, actor_cls, args, kwargs, name, device)
+        except BaseException:
+            self.stop("a worker failed to start")
+            raise
+
+    def _start(self, bundles: list[_Bundle], actor_cls, args: tuple, kwargs: dict, name: str,
+               device: str) -> None:
+        init_method = _rendezvous(bundles, name)
+        for rank, b in enumerate(bundles):
+            env = {"RANK": str(rank), "WORLD_SIZE": str(len(bundles)), "LOCAL_RANK": str(b.index),
+                   "LOCAL_WORLD_SIZE": str(b.local_world_size), DEVICE_ENV: device,
+                   INIT_METHOD_ENV: init_method}
+            strategy = PlacementGroupSchedulingStrategy(b.pg, placement_group_bundle_index=b.index)
+            options = dict(self.pool.actor_options(), scheduling_strategy=strategy,
+                           runtime_env={"env_vars": env})
+            self.handles.append(actor_cls.options(**options).remote(*args, **kwargs))
+        # Wait for every constructor, so that a failing __init__ is reported here, by rank.
+        ranks = list(range(len(self.handles)))
+        self.wait(name, "__init__", ranks, [h.__ray_ready__.remote() for h in self.handles])
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            self.pool._groups -= 1
+            for handle in self.handles:
+                ray.kill(handle, no_restart=True)
+
+    def wait(self, role: str, method: str, ranks: list[int], refs: list) -> list:
+        """Results of ``refs`` in order. Fails on the first failure instead of waiting for all:
+        when one rank dies, the others may wait in a collective forever."""
+        rank_of = dict(zip(refs, ranks, strict=True))
+        results, pending = {}, list(refs)
+        while pending:
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            try:
+                results[ref] = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 -- every failure is reported as a WorkerError
+                raise self._failure(role, method, rank_of[ref], e, pending) from None
+        return [results[r] for r in refs]
+
+    def _failure(self, role: str, method: str, rank: int, error: Exception, pending: list) -> WorkerError:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Ray colours some lines
+        if isinstance(error, ray.exceptions.RayActorError) and not error.actor_init_failed:
+            self.stop(f"rank {rank} died while running {method}()")
+            return WorkerError(role, rank, method, died=True, detail=(
+                "its process exited or was killed; the group's other workers were stopped so that "
+                f"none hangs waiting for it. Ray says: {text}"))
+        if pending and ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)[1]:
+            self.stop(f"rank {rank} raised in {method}() while other ranks were still running")
+        return WorkerError(role, rank, method, detail=f"Traceback in the worker:\n{text}")
+
+
+class RayWorkerGroup(WorkerGroup):
+    """One worker of ``cls_with_init.cls`` per bundle of ``resource_pool``, each in its own Ray
+    actor. ``name_prefix`` names the role in errors (default: the class name); ``device`` is
+    ``"cuda"`` or ``"cpu"`` (default: ``"cuda"`` if the pool has GPUs)."""
+
+    def __init__(self, resource_pool: ResourcePool, cls_with_init: ClassWithInitArgs,
+                 name_prefix: str | None = None, device: str | None = None):
+        name = name_prefix or cls_with_init.cls.__name__
+        super().__init__(cls_with_init.cls, name)
+        self._actors = _Actors(resource_pool, ray.remote(cls_with_init.cls), cls_with_init.args,
+                               cls_with_init.kwargs, name, device)
+
+    @property
+    def world_size(self) -> int:
+        return len(self._actors.handles)
+
+    def _check_running(self, method: str) -> None:
+        if self._actors.stopped is not None:
+            raise WorkerError(self.name, -1, method, "the worker group was stopped earlier: "
+                              f"{self._actors.stopped}; create a new one", died=True)
+
+    def _submit(self, method: str, calls: list[tuple[int, tuple, dict]]) -> list:
+        self._check_running(method)
+        remote_name = self._method_prefix + method
+        handles = []
+        for rank, args, kwargs in calls:
+            actor_method = getattr(self._actors.handles[rank], remote_name, None)
+            if actor_method is None:
+                raise AttributeError(f"{self.worker_cls.__name__} has no method {method!r} that the "
+                                     "driver can call (colocated roles expose their @register-ed methods)")
+            handles.append(actor_method.remote(*args, **kwargs))
+        return handles
+
+    def _wait(self, method: str, ranks: list[int], handles: list) -> list:
+        self._check_running(method)
+        return self._actors.wait(self.name, method, ranks, handles)
+
+    def shutdown(self) -> None:
+        self._actors.stop("shutdown() was called")
+
+
+class _ColocatedRole(RayWorkerGroup):
+    """One role's view of colocated actors: its calls go to the ``{role}_{method}`` methods."""
+
+    def __init__(self, actors: _Actors, worker_cls: type, role: str):
+        WorkerGroup.__init__(self, worker_cls, role, method_prefix=f"{role}_")
+        self._actors = actors
+
+
+def create_colocated_worker_groups(resource_pool: ResourcePool, roles: dict[str, ClassWithInitArgs],
+                                   device: str | None = None) -> dict[str, RayWorkerGroup]:
+    """Build every role inside ONE Ray actor per bundle (a ``WorkerDict``) and return a WorkerGroup
+    per role. The roles share each device (time-slicing it) and one torch.distributed process
+    group per process. Stopping any role's group stops the shared actors."""
+    host_cls = ray.remote(colocated_worker_class(roles))
+    actors = _Actors(resource_pool, host_cls, (dict(roles),), {}, "+".join(roles), device)
+    return {role: _ColocatedRole(actors, c.cls, role) for role, c in roles.items()}

@@ -1,0 +1,86 @@
+"""The base class of every worker: where it sits (rank, world size, device) and its
+torch.distributed process group.
+
+A WorkerGroup starts one worker per device and tells each one its place through environment
+variables, set before the worker's ``__init__`` runs:
+
+- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (index among the group's workers on its node),
+  ``LOCAL_WORLD_SIZE``;
+- ``VERL_DEVICE``: ``cpu`` or ``cuda``;
+- ``VERL_DIST_INIT_METHOD``: the torch.distributed rendezvous. On one node it is a ``file://``
+  path in the temp folder, so no socket is opened for the rendezvous at all; across nodes it is
+  ``tcp://<rank-0 node address>:<port>``.
+
+A worker created by hand (no group) is rank 0 of a world of 1, which makes unit tests and
+debugging of a single worker easy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Worker", "INIT_METHOD_ENV", "DEVICE_ENV"]
+
+INIT_METHOD_ENV = "VERL_DIST_INIT_METHOD"
+DEVICE_ENV = "VERL_DEVICE"
+
+
+class Worker:
+    """Subclass this, call ``super().__init__()`` first, and mark the methods the driver may call
+    with ``@register(...)``. Call :meth:`init_process_group` (in ``__init__`` or in an ``init_model``
+    method) before using collectives; roles colocated in one process share the one process group.
+    """
+
+    def __init__(self):
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        self.device_name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device_name not in ("cpu", "cuda"):
+            raise ValueError(f"{DEVICE_ENV}={self.device_name!r}; expected 'cpu' or 'cuda'")
+
+    @property
+    def device(self) -> torch.device:
+        if self.device_name == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    @property
+    def process_group(self):
+        """The default (world) process group, or None before :meth:`init_process_group`."""
+        return dist.group.WORLD if dist.is_initialized() else None
+
+    def init_process_group(self, backend: str | None = None, timeout_s: float = 1800.0):
+        """Join the group's torch.distributed world (``gloo`` on CPU, ``nccl`` on CUDA unless
+        ``backend`` says otherwise). Does nothing if this process already joined one, so every
+        colocated role may call it."""
+        if dist.is_initialized():
+            return dist.group.WORLD
+        if self.device_name == "cuda":
+            # Ray shows each worker only its own GPU; without Ray, pick by local rank.
+            torch.cuda.set_device(0 if torch.cuda.device_count() == 1 else self.local_rank)
+        backend = backend or ("nccl" if self.device_name == "cuda" else "gloo")
+        init_method = os.environ.get(INIT_METHOD_ENV)
+        if init_method is None:
+            if self.world_size != 1:
+                raise RuntimeError(f"WORLD_SIZE={self.world_size} but {INIT_METHOD_ENV} is not set: "
+                                   "start multi-rank workers through a WorkerGroup")
+            init_method = "file://" + os.path.join(tempfile.mkdtemp(prefix="verl-rdzv-"), "store")
+        if init_method.startswith("file://"):
+            # One node: keep the collective library's own sockets on loopback too.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+            os.makedirs(os.path.dirname(init_method[len("file://"):]), exist_ok=True)
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+                                world_size=self.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        return dist.group.WORLD
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
