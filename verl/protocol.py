@@ -15,13 +15,13 @@ together and copy ``meta_info``.
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+from verl.utils.fs import atomic_torch_save
 
 __all__ = ["DataProto", "DataProtoItem", "pad_dataproto_to_divisor", "unpad_dataproto"]
 
@@ -329,17 +329,7 @@ class DataProto:
     def save_to_disk(self, path: str) -> None:
         """Write to ``path`` atomically (a temporary file in the same folder, then rename), so a
         crash never leaves a half-written file under the final name."""
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dataproto-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(self.__getstate__(), f)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        atomic_torch_save(self.__getstate__(), path)
 
     @classmethod
     def load_from_disk(cls, path: str) -> "DataProto":

@@ -14,19 +14,10 @@ import os
 import sys
 from typing import Any, Callable
 
+from verl.utils.config import config_get
 from verl.workers.reward_manager import get_reward_manager_cls
 
 __all__ = ["get_custom_reward_fn", "load_reward_manager"]
-
-
-def _select(config: Any, dotted_key: str, default: Any = None) -> Any:
-    """``config.a.b`` for a DictConfig, dict or object; ``default`` when any part is missing or None."""
-    node = config
-    for key in dotted_key.split("."):
-        if node is None:
-            return default
-        node = node.get(key) if hasattr(node, "get") else getattr(node, key, None)
-    return default if node is None else node
 
 
 def _to_plain(value: Any) -> Any:
@@ -86,11 +77,11 @@ def get_custom_reward_fn(config) -> Callable | None:
     extra_info)`` for ``naive``/``dapo``, lists ``(data_sources, solution_strs, ground_truths,
     extra_infos)`` for ``batch``.
     """
-    path = _select(config, "custom_reward_function.path")
+    path = config_get(config, "custom_reward_function.path")
     if not path:
         return None
-    name = _select(config, "custom_reward_function.name", "compute_score")
-    reward_kwargs = dict(_to_plain(_select(config, "custom_reward_function.reward_kwargs", {})))
+    name = config_get(config, "custom_reward_function.name", "compute_score")
+    reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {})))
 
     module = _load_module(path)
     fn = getattr(module, name, None)
@@ -100,7 +91,7 @@ def get_custom_reward_fn(config) -> Callable | None:
         raise AttributeError(f"custom_reward_function.name={name!r} is not a function defined in {path}. "
                              f"Functions defined there: {defined}")
 
-    manager_cls = get_reward_manager_cls(_select(config, "reward_model.reward_manager", "naive"))
+    manager_cls = get_reward_manager_cls(config_get(config, "reward_model.reward_manager", "naive"))
     _check_signature(fn, name, path, manager_cls.compute_score_params, reward_kwargs)
     return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
 
@@ -111,12 +102,12 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     ``reward_kwargs`` go to the manager, which forwards the ones it does not use to every scoring
     call (the original CLI passes ``reward_model.reward_kwargs`` here).
     """
-    name = _select(config, "reward_model.reward_manager", "naive")
+    name = config_get(config, "reward_model.reward_manager", "naive")
     manager_cls = get_reward_manager_cls(name)
-    kwargs = {"reward_fn_key": _select(config, "data.reward_fn_key", "data_source")}
+    kwargs = {"reward_fn_key": config_get(config, "data.reward_fn_key", "data_source")}
     if name == "dapo":
-        kwargs["max_resp_len"] = _select(config, "data.max_response_length")
-        kwargs["overlong_buffer_cfg"] = _select(config, "reward_model.overlong_buffer")
+        kwargs["max_resp_len"] = config_get(config, "data.max_response_length")
+        kwargs["overlong_buffer_cfg"] = config_get(config, "reward_model.overlong_buffer")
     kwargs.update(reward_kwargs)
     # None lets each manager pick its default (the rule rewards; the batch manager requires a function).
     return manager_cls(tokenizer=tokenizer, num_examine=num_examine,

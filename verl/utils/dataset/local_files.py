@@ -17,6 +17,8 @@ import re
 
 import pandas as pd
 
+from verl.utils.fs import atomic_write
+
 SPLITS = ("train", "test")
 FORMATS = (".parquet", ".jsonl")  # in order of preference when a folder holds both
 
@@ -157,16 +159,8 @@ def load_hub_splits(repo: str, config, local_name: str) -> dict:
 
 def write_parquet_atomic(rows: list, path: str) -> None:
     """Write ``rows`` to ``path`` so that readers never see a half-written file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")  # same folder: os.replace is atomic
-    try:
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_write(path) as f:
+        pd.DataFrame(rows).to_parquet(f, index=False)
 
 
 def save_splits(rows_by_split: dict, out_dir: str) -> dict:

@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from verl.utils.config import config_get
+
 logger = logging.getLogger("verl.dataset")
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
@@ -27,17 +29,6 @@ _TOKENIZE_CHUNK = 4096
 
 class DatasetError(ValueError):
     """A problem with the training data or its configuration, worded for the person fixing it."""
-
-
-def config_get(config: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a DictConfig, a dict or an attribute object; None or absent gives ``default``."""
-    if config is None:
-        return default
-    if hasattr(config, "get"):
-        value = config.get(key, default)
-    else:
-        value = getattr(config, key, default)
-    return default if value is None else value
 
 
 def _plain(value: Any) -> Any:

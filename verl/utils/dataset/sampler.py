@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from verl.utils.dataset.rl_dataset import collate_fn, config_get
+from verl.utils.config import config_get
+from verl.utils.dataset.rl_dataset import collate_fn
 
 
 class ResumableSampler(Sampler[int]):

@@ -5,14 +5,14 @@ Every manager is called as ``manager(data, return_dict=False)`` on a ``DataProto
 response token.
 """
 
+from verl.workers.reward_manager.batch import BatchRewardManager
+from verl.workers.reward_manager.dapo import DAPORewardManager
+from verl.workers.reward_manager.naive import NaiveRewardManager
 from verl.workers.reward_manager.registry import (
     get_reward_manager_cls,
     register,
     registered_reward_managers,
 )
-from verl.workers.reward_manager.naive import NaiveRewardManager
-from verl.workers.reward_manager.batch import BatchRewardManager
-from verl.workers.reward_manager.dapo import DAPORewardManager
 
 __all__ = [
     "BatchRewardManager",

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from verl.workers.reward_manager.naive import NaiveRewardManager, ScoringInput, split_result
+from verl.workers.reward_manager.naive import (
+    NaiveRewardManager,
+    ScoringInput,
+    split_result,
+)
 from verl.workers.reward_manager.registry import register
 
 __all__ = ["BatchRewardManager"]

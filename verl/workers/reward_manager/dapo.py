@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from verl.utils.config import config_get
 from verl.workers.reward_manager.naive import NaiveRewardManager, ScoringInput
 from verl.workers.reward_manager.registry import register
 
@@ -26,12 +27,6 @@ def overlong_penalty(valid_len: int, max_resp_len: int, buffer_len: int, penalty
     return min(-(valid_len - expected) / buffer_len * penalty_factor, 0.0)
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a mapping (dict, OmegaConf) or an object; None counts as missing."""
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
 @register("dapo")
 class DAPORewardManager(NaiveRewardManager):
     """``overlong_buffer_cfg`` has the keys of ``reward_model.overlong_buffer``: ``enable``, ``len``,
@@ -42,10 +37,10 @@ class DAPORewardManager(NaiveRewardManager):
                  overlong_buffer_cfg: Any = None, **kwargs) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         cfg = overlong_buffer_cfg if overlong_buffer_cfg is not None else {}
-        self.overlong_enabled = bool(_get(cfg, "enable", False))
-        self.buffer_len = int(_get(cfg, "len", 0))
-        self.penalty_factor = float(_get(cfg, "penalty_factor", 1.0))
-        self.log_overlong = bool(_get(cfg, "log", False))
+        self.overlong_enabled = bool(config_get(cfg, "enable", False))
+        self.buffer_len = int(config_get(cfg, "len", 0))
+        self.penalty_factor = float(config_get(cfg, "penalty_factor", 1.0))
+        self.log_overlong = bool(config_get(cfg, "log", False))
         self.max_resp_len = max_resp_len
         if self.overlong_enabled:
             if max_resp_len is None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.config import config_get
 
 __all__ = [
     "BaseRollout",
@@ -81,14 +82,6 @@ _VAL_DEFAULTS = {"top_k": -1, "top_p": 1.0, "temperature": 0.0, "n": 1, "do_samp
 _TRAIN_DEFAULTS = {"top_k": -1, "top_p": 1.0, "temperature": 1.0, "n": 1, "do_sample": True}
 
 
-def config_value(config, key: str, default=None):
-    """``config[key]`` for DictConfig, dict or attribute objects; ``default`` when absent or None."""
-    if config is None:
-        return default
-    value = config.get(key, None) if hasattr(config, "get") else getattr(config, key, None)
-    return default if value is None else value
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """The settings of one ``generate_sequences`` call, after defaults and overrides.
@@ -118,13 +111,13 @@ def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
     means greedy. ``top_k <= 0`` or None disables top-k.
     """
     validate = bool(meta_info.get("validate", False))
-    source = config_value(config, "val_kwargs") if validate else config
+    source = config_get(config, "val_kwargs") if validate else config
     defaults = _VAL_DEFAULTS if validate else _TRAIN_DEFAULTS
     where = "actor_rollout_ref.rollout" + (".val_kwargs" if validate else "")
 
     def pick(key):
         value = meta_info.get(key)
-        return config_value(source, key, defaults[key]) if value is None else value
+        return config_get(source, key, defaults[key]) if value is None else value
 
     temperature = float(pick("temperature"))
     if temperature < 0:
@@ -135,7 +128,7 @@ def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
     n = int(pick("n"))
     if n < 1:
         raise ValueError(f"{where}.n must be >= 1, got {n}")
-    response_length = meta_info.get("response_length") or config_value(config, "response_length")
+    response_length = meta_info.get("response_length") or config_get(config, "response_length")
     if not response_length or int(response_length) <= 0:
         raise ValueError("actor_rollout_ref.rollout.response_length is not set (it normally comes from "
                          f"data.max_response_length); got {response_length!r}")
@@ -151,7 +144,7 @@ def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
     if pad is None:
         raise ValueError("no pad token id: the tokenizer has neither a pad nor an eos token; pass "
                          "meta_info['pad_token_id'] to generate_sequences")
-    if bool(config_value(config, "ignore_eos", False)):
+    if bool(config_get(config, "ignore_eos", False)):
         eos = []
     return SamplingParams(
         n=n,

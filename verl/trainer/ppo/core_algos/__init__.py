@@ -20,18 +20,6 @@ Modules: ``registry`` (names), ``advantage`` (estimators), ``losses`` (aggregati
 entropy), ``kl`` (estimators, controllers, in-reward penalty). Import from this package.
 """
 
-from verl.trainer.ppo.core_algos.registry import (  # noqa: F401
-    ADV_ESTIMATOR_REGISTRY,
-    AdvantageEstimator,
-    POLICY_LOSS_REGISTRY,
-    config_get,
-    get_adv_estimator_fn,
-    get_policy_loss_fn,
-    register_adv_est,
-    register_policy_loss,
-    registered_adv_estimators,
-    registered_policy_losses,
-)
 from verl.trainer.ppo.core_algos.advantage import (  # noqa: F401
     compute_advantage,
     compute_gae_advantage_return,
@@ -43,6 +31,14 @@ from verl.trainer.ppo.core_algos.advantage import (  # noqa: F401
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+)
+from verl.trainer.ppo.core_algos.kl import (  # noqa: F401
+    KL_PENALTY_TYPES,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_controller,
+    kl_penalty,
 )
 from verl.trainer.ppo.core_algos.losses import (  # noqa: F401
     LOSS_AGG_MODES,
@@ -56,13 +52,17 @@ from verl.trainer.ppo.core_algos.losses import (  # noqa: F401
     compute_policy_loss_vanilla,
     compute_value_loss,
 )
-from verl.trainer.ppo.core_algos.kl import (  # noqa: F401
-    AdaptiveKLController,
-    FixedKLController,
-    KL_PENALTY_TYPES,
-    apply_kl_penalty,
-    get_kl_controller,
-    kl_penalty,
+from verl.trainer.ppo.core_algos.registry import (  # noqa: F401
+    ADV_ESTIMATOR_REGISTRY,
+    POLICY_LOSS_REGISTRY,
+    AdvantageEstimator,
+    config_get,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+    register_adv_est,
+    register_policy_loss,
+    registered_adv_estimators,
+    registered_policy_losses,
 )
 
 __all__ = [

@@ -9,7 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.trainer.ppo.core_algos.registry import AdvantageEstimator, _as_name, get_adv_estimator_fn, register_adv_est
+from verl.trainer.ppo.core_algos.registry import (
+    AdvantageEstimator,
+    _as_name,
+    get_adv_estimator_fn,
+    register_adv_est,
+)
 from verl.utils.torch_functional import masked_whiten
 
 

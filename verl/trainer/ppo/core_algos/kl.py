@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from verl.trainer.ppo.core_algos.losses import agg_loss
-from verl.trainer.ppo.core_algos.registry import config_get
+from verl.utils.config import config_get
 
 # --------------------------------------------------------------------------------------------------
 # KL

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos.registry import config_get, register_policy_loss
+from verl.trainer.ppo.core_algos.registry import register_policy_loss
+from verl.utils.config import config_get
 from verl.utils.torch_functional import entropy_from_logits, masked_mean, masked_sum
 
 # --------------------------------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 import torch
+
+from verl.utils.config import config_get  # noqa: F401  (re-exported for policy losses)
 
 # --------------------------------------------------------------------------------------------------
 # Registries
@@ -91,20 +93,6 @@ def register_policy_loss(name: str | Enum) -> Callable:
 def get_policy_loss_fn(name: str | Enum) -> Callable:
     """The policy loss registered under ``name``; ValueError listing the names if unknown."""
     return _lookup(POLICY_LOSS_REGISTRY, "policy loss", name)
-
-
-def config_get(config: Any, key: str, default: Any = None) -> Any:
-    """``config.key`` for a dataclass, OmegaConf node, SimpleNamespace or dict.
-
-    Returns ``default`` when the key is missing or None (so ``clip_ratio_low: null`` falls back).
-    """
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        value = config.get(key) if key in config else None
-    else:
-        value = getattr(config, key, None)
-    return default if value is None else value
 
 
 def registered_policy_losses() -> list[str]:
