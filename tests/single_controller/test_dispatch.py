@@ -19,6 +19,14 @@ class RecordingWorker:
         data.batch["rank"] = torch.full((len(data),), self.rank)
         return data
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def sample(self, data, n):
+        return data.repeat(n, interleave=True)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def broken(self, data):
+        return data.slice(0, 1)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def rows(self, data, tag):
         return {"rank": self.rank, "rows": len(data), "tag": tag}
@@ -86,6 +94,14 @@ def test_dp_compute_proto_pads_chunks_and_unpads():
     assert out.batch["x"].tolist() == [0, 2, 4, 6, 8]
     assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
     assert out.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2", "u3", "u4"]
+
+
+def test_dp_compute_proto_unpads_methods_that_return_several_rows_per_input_row():
+    # 5 prompts over 2 ranks: one padding row; with 3 samples per prompt its 3 outputs go.
+    out = FakeGroup(2).sample(make_batch(5), n=3)
+    assert out.non_tensor_batch["uid"].tolist() == [f"u{i}" for i in range(5) for _ in range(3)]
+    with pytest.raises(ValueError, match="whole number of rows per input row"):
+        FakeGroup(2).broken(make_batch(5))
 
 
 def test_dp_compute_proto_three_ranks_no_padding_needed():

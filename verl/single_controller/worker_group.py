@@ -162,9 +162,10 @@ class WorkerGroup:
 
         def call(*args, **kwargs):
             args, kwargs = _resolve_futures(args, kwargs)
-            pad_size = 0
+            pad_size = padded_len = 0
             if mode.pads_dataproto:
                 args, kwargs, pad_size = pad_dataproto_args(self.world_size, args, kwargs)
+                padded_len = next((len(v) for v in (*args, *kwargs.values()) if isinstance(v, DataProto)), 0)
             rank_args, rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
             ranks = [0] if spec.execute_mode == Execute.RANK_ZERO else list(range(self.world_size))
             calls = [(r, tuple(a[r] for a in rank_args), {k: v[r] for k, v in rank_kwargs.items()})
@@ -174,7 +175,15 @@ class WorkerGroup:
                 if spec.execute_mode == Execute.RANK_ZERO:
                     return outputs[0]
                 result = mode.collect_fn(self, outputs)
-                return unpad_dataproto(result, pad_size) if isinstance(result, DataProto) else result
+                if not isinstance(result, DataProto) or not pad_size:
+                    return result
+                # A method may return k rows per input row (k samples per prompt, interleaved);
+                # the padding rows came last, so their outputs are the last pad_size * k rows.
+                k, rest = divmod(len(result), padded_len)
+                if rest:
+                    raise ValueError(f"{self.name}.{method} returned {len(result)} rows for {padded_len} "
+                                     "input rows; it must return a whole number of rows per input row")
+                return unpad_dataproto(result, pad_size * k)
 
             future = future_cls(self, method, ranks, self._submit(method, calls), finish)
             return future.get() if spec.blocking else future
