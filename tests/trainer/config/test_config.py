@@ -313,10 +313,11 @@ def test_megatron_settings_added_with_plus_warn():
     assert any(w.startswith("actor_rollout_ref.actor.megatron: ") and "ignored" in w for w in warnings)
 
 
-def test_missing_logger_package_warns(monkeypatch):
+def test_a_logger_whose_package_is_missing_is_an_early_error(monkeypatch):
     monkeypatch.setattr(checks, "_module_available", lambda name: name == "ray")
-    warnings = validate("trainer.logger=[console,wandb]")
-    assert any(w.startswith("trainer.logger: 'wandb'") for w in warnings)
+    assert ("- trainer.logger: 'wandb' is listed but the wandb package is not installed. pip install wandb"
+            in problems("trainer.logger=[console,wandb]"))
+    validate("trainer.logger=[console,file]")
 
 
 # --------------------------------------------------------------------------------------------------

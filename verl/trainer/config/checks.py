@@ -25,12 +25,11 @@ from verl.trainer.ppo.core_algos import (
     registered_adv_estimators,
     registered_policy_losses,
 )
+from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS
 from verl.workers.reward_manager import get_reward_manager_cls, registered_reward_managers
 from verl.workers.rollout import get_rollout_class
 
 LR_SCHEDULERS = ("constant", "cosine")
-LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
-_LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 # Estimators whose baseline comes from the other samples of the same prompt.
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "opo")
 
@@ -303,14 +302,15 @@ def check_rollout_engine(run: Run) -> Iterator[Issue]:
 
 
 def check_loggers(run: Run) -> Iterator[Issue]:
-    """trainer.logger entries are known backends; a backend whose package is missing gets a warning."""
+    """trainer.logger entries are known backends whose packages are installed."""
     value = run.get("trainer.logger")
     for entry in [value] if isinstance(value, str) else (value or []):
-        if entry not in LOGGERS:
-            yield _not_in("trainer.logger", entry, LOGGERS, "logger")
-        elif entry in _LOGGER_PACKAGES and not _module_available(_LOGGER_PACKAGES[entry]):
-            yield warn("trainer.logger", f"{entry!r} is listed but the {_LOGGER_PACKAGES[entry]} package is not "
-                                         "installed. Install it, or leave it out, e.g. trainer.logger=[console]")
+        if entry not in BACKENDS:
+            yield _not_in("trainer.logger", entry, BACKENDS, "logger")
+        elif entry in BACKEND_PACKAGES and not _module_available(BACKEND_PACKAGES[entry]):
+            package = BACKEND_PACKAGES[entry]
+            yield error("trainer.logger", f"{entry!r} is listed but the {package} package is not installed. "
+                                          f"pip install {package}, or leave it out, e.g. trainer.logger=[console]")
 
 
 def check_backend(run: Run) -> Iterator[Issue]:
