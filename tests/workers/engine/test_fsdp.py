@@ -1,0 +1,176 @@
+"""FSDPEngine on CPU/gloo: one rank in-process, two ranks in spawned processes where sharding matters."""
+
+import logging
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from tests.workers.engine.helpers import (
+    RESPONSE,
+    lm_loss,
+    make_batch,
+    run_ranks,
+    split,
+    value_loss,
+)
+from verl.models import forward_logprobs, load_causal_lm, load_value_model
+from verl.workers.engine import FSDPEngine
+
+OPTIM = {"lr": 1e-2, "weight_decay": 0.01, "betas": [0.9, 0.999], "total_training_steps": 10}
+# Adam's first update is lr * g / (|g| + eps): for gradients that nearly cancel, any change in summation
+# order (micro-batches, two ranks' reduce-scatter, thread count) changes it by up to lr. When comparing
+# against a plain model, a larger eps keeps the update smooth in g.
+OPTIM_SMOOTH = {**OPTIM, "eps": 1e-4}
+FSDP_FP32 = {"dtype": "float32", "reshard_after_forward": True}
+
+
+@pytest.fixture
+def single_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def reference_step(model_dir, batch, micro_batches=1, optim=OPTIM, grad_clip=1.0):
+    """One AdamW step of the plain (unsharded) model on the whole batch: what FSDP must reproduce."""
+    model = load_causal_lm(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim["lr"], weight_decay=optim["weight_decay"],
+                                  eps=optim.get("eps", 1e-8))
+    for micro_batch in split(batch, micro_batches):
+        lm_loss(model, micro_batch, scale=1 / micro_batches)[0].backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return model, float(norm)
+
+
+def test_needs_a_process_group(tiny_qwen2_dir):
+    with pytest.raises(RuntimeError, match="process group"):
+        FSDPEngine(load_causal_lm(tiny_qwen2_dir))
+
+
+def test_one_rank_step_with_micro_batches_matches_plain_model(single_rank, tiny_qwen2_dir):
+    engine = FSDPEngine(load_causal_lm(tiny_qwen2_dir), fsdp_config=FSDP_FP32, optim_config=OPTIM_SMOOTH)
+    module = engine.module
+    assert module.lm_head.weight is module.model.embed_tokens.weight
+    assert all(isinstance(p, DTensor) for p in module.parameters())
+    assert module.config.use_cache is False
+
+    batch = make_batch(module.config.vocab_size)
+    stats = engine.train_step(split(batch, 2), lambda m, mb: lm_loss(m, mb, scale=0.5))
+    reference, ref_norm = reference_step(tiny_qwen2_dir, batch, micro_batches=2, optim=OPTIM_SMOOTH)
+
+    assert stats["lr"] == OPTIM["lr"] and not stats["update_skipped"] and len(stats["nll"]) == 2
+    assert stats["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
+    full = engine.full_state_dict()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(full[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_non_finite_grad_norm_skips_the_update(single_rank, tiny_llama_dir, caplog):
+    engine = FSDPEngine(load_causal_lm(tiny_llama_dir), fsdp_config=FSDP_FP32, optim_config=OPTIM)
+    before = engine.full_state_dict()
+    batch = make_batch(engine.module.config.vocab_size)
+    with caplog.at_level(logging.WARNING):
+        stats = engine.train_step([batch], lambda m, mb: lm_loss(m, mb)[0] * float("nan"))
+    assert stats["update_skipped"] and "skipping this optimizer step" in caplog.text
+    after = engine.full_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in engine.module.parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_step(single_rank, tiny_llama_dir):
+    batch = make_batch(load_causal_lm(tiny_llama_dir).config.vocab_size)
+    results = []
+    for checkpointing in (False, True):
+        engine = FSDPEngine(load_causal_lm(tiny_llama_dir), fsdp_config=FSDP_FP32, optim_config=OPTIM_SMOOTH,
+                            enable_gradient_checkpointing=checkpointing)
+        engine.train_step([batch], lm_loss)
+        results.append(engine.full_state_dict())
+    for name in results[0]:
+        torch.testing.assert_close(results[0][name], results[1][name], rtol=0, atol=1e-6)
+
+
+def test_value_model_trains_like_a_causal_lm(single_rank, tiny_qwen2_dir):
+    engine = FSDPEngine(load_value_model(tiny_qwen2_dir), fsdp_config=FSDP_FP32, optim_config=OPTIM)
+    batch = make_batch(engine.module.config.vocab_size)
+    first = engine.train_step([batch], value_loss)["loss"]
+    for _ in range(3):
+        last = engine.train_step([batch], value_loss)["loss"]
+    assert last < first
+
+
+def test_mixed_precision_bf16_keeps_fp32_master_weights(single_rank, tiny_qwen2_dir):
+    engine = FSDPEngine(load_causal_lm(tiny_qwen2_dir), fsdp_config={"dtype": "bf16"}, optim_config=OPTIM)
+    batch = make_batch(engine.module.config.vocab_size)
+    with engine.gathered_params():
+        assert engine.module.lm_head.weight.dtype == torch.bfloat16
+    stats = engine.train_step([batch], lm_loss)
+    assert stats["grad_norm"] > 0
+    assert all(p.dtype == torch.float32 for p in engine.module.parameters())
+
+
+def test_reference_engine_cannot_train_and_offload_is_a_no_op_on_cpu(single_rank, tiny_qwen2_dir):
+    engine = FSDPEngine(load_causal_lm(tiny_qwen2_dir),
+                        fsdp_config={**FSDP_FP32, "param_offload": True, "optimizer_offload": True})
+    with pytest.raises(RuntimeError, match="no optimizer"):
+        engine.train_step([], lm_loss)
+    engine.offload_params()
+    engine.offload_optimizer()
+    with engine.on_device(optimizer=True):
+        assert all(p.device.type == "cpu" for p in engine.module.parameters())
+
+
+def test_gathered_params_one_rank(single_rank, tiny_qwen2_dir):
+    engine = FSDPEngine(load_causal_lm(tiny_qwen2_dir), fsdp_config=FSDP_FP32)
+    shapes = {n: p.shape for n, p in engine.module.named_parameters()}
+    with engine.gathered_params() as module:
+        assert not any(isinstance(p, DTensor) for p in module.parameters())
+        assert {n: p.shape for n, p in module.named_parameters()} == shapes
+    assert all(isinstance(p, DTensor) for p in engine.module.parameters())
+
+
+# ------------------------------------------------------------------------------------ two ranks (forked)
+def _two_rank_step(rank, model_dir):
+    engine = FSDPEngine(load_causal_lm(model_dir), fsdp_config=FSDP_FP32, optim_config=OPTIM_SMOOTH)
+    module = engine.module
+    assert module.lm_head.weight is module.model.embed_tokens.weight
+    vocab = module.config.vocab_size
+    assert module.lm_head.weight.to_local().shape[0] == (vocab + 1) // 2 if rank == 0 else vocab - (vocab + 1) // 2
+
+    batch = make_batch(vocab)
+    mine = split(batch, 2)[rank]  # each rank: half the batch, its own mean loss; FSDP averages grads
+    stats = engine.train_step(split(mine, 2), lambda m, mb: lm_loss(m, mb, scale=0.5))
+    full = engine.full_state_dict()
+    if rank == 0:
+        reference, ref_norm = reference_step(model_dir, batch, micro_batches=4, optim=OPTIM_SMOOTH)
+        assert stats["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(full[name], value, rtol=0, atol=2e-6, msg=name)
+    else:
+        assert full == {}
+
+
+def test_two_ranks_step_matches_one_process_with_tied_embeddings(tiny_qwen2_dir, tmp_path):
+    run_ranks(_two_rank_step, 2, tmp_path, tiny_qwen2_dir)
+
+
+def _two_rank_gathered(rank, model_dir):
+    engine = FSDPEngine(load_causal_lm(model_dir), fsdp_config=FSDP_FP32, optim_config=OPTIM)
+    vocab, hidden = engine.module.config.vocab_size, engine.module.config.hidden_size
+    batch = make_batch(vocab, batch=2, seed=rank)
+    with engine.gathered_params() as module, torch.no_grad():
+        weight = module.lm_head.weight
+        assert not isinstance(weight, DTensor) and weight.shape == (vocab, hidden)
+        for _ in range(3 + 4 * rank):  # rank 1 runs more forwards than rank 0: no collective may be involved
+            forward_logprobs(module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], RESPONSE)
+    assert all(isinstance(p, DTensor) for p in engine.module.parameters())
+    # Sharded training still works afterwards.
+    stats = engine.train_step([batch], lm_loss)
+    assert stats["grad_norm"] > 0
+
+
+def test_two_ranks_gathered_params_allow_uneven_forwards(tiny_qwen2_dir, tmp_path):
+    run_ranks(_two_rank_gathered, 2, tmp_path, tiny_qwen2_dir, timeout=90)

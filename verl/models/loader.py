@@ -1,0 +1,195 @@
+"""Load Hugging Face causal LMs (actor, reference) and value models (critic) from a model folder.
+
+Models are local folders here (a folder with ``config.json`` and weights); a Hugging Face id works
+too where a hub is reachable. Errors name the config key the path came from, so a user knows which
+line of the command to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.bfloat16`` or one of the config spellings ("bf16", "bfloat16", "fp32", ...) as a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower().removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}.")
+    return _DTYPES[name]
+
+
+def _looks_local(path: str) -> bool:
+    # A hub id is "name" or "org/name"; anything else is meant as a folder on this machine.
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.path.exists(path)
+
+
+def _check_model_path(path: str | None, config_key: str) -> str:
+    if not path:
+        raise ValueError(f"{config_key} is not set: give the folder of a Hugging Face model (with config.json).")
+    path = os.path.expanduser(str(path))
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(
+                f"{config_key}={path!r} is a folder but holds no config.json; point it at the folder that "
+                "save_pretrained (or `huggingface-cli download ID --local-dir DIR`) wrote."
+            )
+        return path
+    if _looks_local(path):
+        raise FileNotFoundError(
+            f"{config_key}={path!r}: no such folder. Models must be local folders here (download one with "
+            "`huggingface-cli download ID --local-dir DIR` and pass DIR), or Hugging Face ids when a hub is "
+            "reachable."
+        )
+    return path  # a hub id such as "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def apply_override_config(config, override: Mapping[str, Any] | None) -> None:
+    """Set ``override`` (``model.override_config``) on a transformers config; nested dicts update sub-configs."""
+    for key, value in (override or {}).items():
+        current = getattr(config, key, None)
+        if isinstance(value, Mapping) and hasattr(current, "to_dict"):
+            apply_override_config(current, value)
+        else:
+            setattr(config, key, dict(value) if isinstance(value, Mapping) else value)
+
+
+def load_hf_config(path: str, *, trust_remote_code: bool = False, override_config: Mapping | None = None,
+                   config_key: str = "actor_rollout_ref.model.path"):
+    """The transformers config of the model at ``path`` with ``override_config`` applied."""
+    from transformers import AutoConfig
+
+    path = _check_model_path(path, config_key)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"{config_key}={path!r} is neither a local model folder nor a Hugging Face id that could be "
+            f"fetched ({err}). Models must be local folders here, or Hugging Face ids when a hub is reachable."
+        ) from err
+    except (ValueError, KeyError) as err:
+        import transformers
+
+        raise ValueError(
+            f"{config_key}={path!r}: transformers {transformers.__version__} does not recognise this model "
+            f"({err}). Use an architecture transformers supports, or set trust_remote_code=True if the "
+            "folder ships its own modelling code."
+        ) from err
+    apply_override_config(config, override_config)
+    return config
+
+
+def _check_supported(config, mapping: Mapping[str, str], auto_class: str, path: str, config_key: str,
+                     trust_remote_code: bool) -> None:
+    remote = trust_remote_code and auto_class in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in mapping and not remote:
+        raise ValueError(
+            f"{config_key}={path!r}: model type {config.model_type!r} has no {auto_class} in transformers, "
+            f"so it cannot be loaded for this role. Supported types include: "
+            f"{', '.join(sorted(mapping)[:12])}, ..."
+        )
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Recompute each decoder layer in backward (non-reentrant, composes with FSDP2); turns the KV cache off."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
+                   override_config: Mapping | None = None, attn_implementation: str = "sdpa",
+                   use_gradient_checkpointing: bool = False, config_key: str = "actor_rollout_ref.model.path"):
+    """A ``AutoModelForCausalLM`` from ``path`` in ``dtype`` (fp32 master weights for training by default).
+
+    ``config_key`` is the config key the path came from; it is named in every error.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
+                            config_key=config_key)
+    _check_supported(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "AutoModelForCausalLM", path, config_key,
+                     trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+    )
+    if use_gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
+                     override_config: Mapping | None = None, attn_implementation: str = "sdpa",
+                     use_gradient_checkpointing: bool = False, config_key: str = "critic.model.path",
+                     head_init_std: float | None = None, head_init_seed: int = 0):
+    """A value model: ``AutoModelForTokenClassification`` with one label, one scalar per token.
+
+    The backbone comes from the checkpoint at ``path`` (normally a causal LM). Its ``score`` head is new
+    unless the checkpoint already is a value model: then it is drawn from N(0, head_init_std²)
+    (default ``config.initializer_range``) with a generator seeded by ``head_init_seed``, so every rank
+    builds the same head, and its bias is zero. Dropout in the head is off (values must be deterministic).
+    """
+    from transformers import AutoModelForTokenClassification
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
+                            config_key=config_key)
+    _check_supported(config, MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES, "AutoModelForTokenClassification",
+                     path, config_key, trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation, output_loading_info=True,
+    )
+    head_name = "score" if hasattr(model, "score") else "classifier"
+    head = getattr(model, head_name)
+    if any(key.split(".")[0] == head_name for key in info["missing_keys"]):
+        std = config.initializer_range if head_init_std is None else head_init_std
+        generator = torch.Generator().manual_seed(head_init_seed)
+        with torch.no_grad():
+            weight = torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std
+            head.weight.copy_(weight)
+            if head.bias is not None:
+                head.bias.zero_()
+        logger.info("value model %s: new %s head, N(0, %g^2)", path, head_name, std)
+    model.config.architectures = [type(model).__name__]
+    if use_gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def load_tokenizer(path: str | None, *, config_key: str = "actor_rollout_ref.model.path",
+                   trust_remote_code: bool = False, chat_template: str | None = None):
+    """The tokenizer saved with a model (``config_key`` names the setting in errors), optionally with
+    its chat template replaced (``model.custom_chat_template``)."""
+    from transformers import AutoTokenizer
+
+    if not path:
+        raise ValueError(f"{config_key} is not set: give the folder of a Hugging Face model (with config.json and a "
+                         "tokenizer)")
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    return tokenizer

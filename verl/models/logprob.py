@@ -1,0 +1,133 @@
+"""Per-token log-probs and entropy of a causal LM, without the full fp32 (tokens x vocab) logits.
+
+The logits of a chunk of rows are computed from the final hidden states, upcast to fp32, reduced to
+one log-prob and one entropy per row, and dropped. In training each chunk runs under activation
+checkpointing, so backward recomputes that chunk's logits instead of keeping every chunk's alive: peak
+memory holds one chunk of logits, whatever the sequence length.
+
+Position convention: the logits at position t predict token t+1, so for a sequence of P prompt and R
+response tokens (T = P + R) the response log-probs come from the hidden states at positions
+P-1 .. T-2, scored against the tokens at P .. T-1.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def _chunk_logprobs(hidden, weight, bias, labels, temperature: float, compute_entropy: bool):
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    # Shifting by the row max keeps lse - Σ p·z from cancelling when the logits are large.
+    shifted = logits - logits.detach().amax(dim=-1, keepdim=True)
+    lse = torch.logsumexp(shifted, dim=-1)
+    log_probs = shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not compute_entropy:
+        return (log_probs,)
+    probs = torch.exp(shifted - lse.unsqueeze(-1))
+    entropy = lse - (probs * shifted).sum(dim=-1)
+    return log_probs, entropy
+
+
+def logprobs_and_entropy_from_hidden(hidden_states: torch.Tensor, lm_head_weight: torch.Tensor,
+                                     labels: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024,
+                                     compute_entropy: bool = True, lm_head_bias: torch.Tensor | None = None):
+    """log softmax(z/τ)[label] and entropy of softmax(z/τ), with z = hidden · Wᵀ (+ b), per row.
+
+    ``hidden_states`` (..., H), ``lm_head_weight`` (V, H), ``labels`` (...) → ``(log_probs, entropy)``,
+    both float32 of shape ``labels.shape``; entropy is None unless ``compute_entropy``.
+    Rows are processed ``chunk_size`` at a time; differentiable in ``hidden_states`` and the weight.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    out_shape = labels.shape
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    flat_labels = labels.reshape(-1).long()
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or lm_head_weight.requires_grad
+        or (lm_head_bias is not None and lm_head_bias.requires_grad)
+    )
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start:start + chunk_size], lm_head_weight, lm_head_bias,
+                flat_labels[start:start + chunk_size], float(temperature), compute_entropy)
+        if needs_grad:
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    if not pieces:  # no rows at all
+        empty = hidden.new_zeros(out_shape, dtype=torch.float32)
+        return empty, (empty.clone() if compute_entropy else None)
+    log_probs = torch.cat([p[0] for p in pieces]).reshape(out_shape)
+    entropy = torch.cat([p[1] for p in pieces]).reshape(out_shape) if compute_entropy else None
+    return log_probs, entropy
+
+
+def call_as_forward(module: torch.nn.Module, fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` in place of ``module.forward``, through ``module.__call__``.
+
+    Why: under FSDP2 the root module's hooks unshard the parameters it owns directly (embeddings, final
+    norm, lm_head) and set up backward. Calling ``model.model`` and ``model.lm_head`` from outside would
+    skip those hooks; running our function as the root's forward keeps them. On a plain module this is
+    just ``fn(*args, **kwargs)``.
+    """
+    previous = module.__dict__.get("forward")
+    module.forward = fn
+    try:
+        return module(*args, **kwargs)
+    finally:
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
+
+
+def _backbone(model):
+    return getattr(model, model.base_model_prefix)
+
+
+def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                     response_length: int, temperature: float = 1.0, chunk_size: int = 1024,
+                     compute_entropy: bool = True):
+    """Log-probs (B, R) of the last ``response_length`` tokens of ``input_ids`` (B, T), and entropy (B, R).
+
+    Runs the backbone (``model.model``) for hidden states, then scores only the response positions
+    (hidden states at T-R-1 .. T-2) against the lm_head in chunks. Works on a plain HF causal LM and on
+    one wrapped by FSDP2. Entropy is None unless ``compute_entropy``.
+    """
+    def scored_forward(input_ids, attention_mask, position_ids):
+        hidden = _backbone(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False).last_hidden_state
+        lm_head = model.get_output_embeddings()
+        log_probs, entropy = logprobs_and_entropy_from_hidden(
+            hidden[:, -response_length - 1:-1], lm_head.weight, input_ids[:, -response_length:],
+            temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
+            lm_head_bias=getattr(lm_head, "bias", None),
+        )
+        # FSDP2 warns when a root forward returns views; these (B, R) copies cost nothing next to the forward.
+        return log_probs.clone(), (entropy.clone() if entropy is not None else None)
+
+    if not 0 < response_length < input_ids.shape[1]:
+        raise ValueError(f"response_length={response_length} must be in [1, sequence length {input_ids.shape[1]})")
+    return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids)
+
+
+def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                   response_length: int) -> torch.Tensor:
+    """Values (B, R) float32 of a value model for the last ``response_length`` tokens.
+
+    The value of response token t is read at position t-1 (the state before emitting it), the same
+    positions ``forward_logprobs`` uses; the head runs on those positions only.
+    """
+    def value_forward(input_ids, attention_mask, position_ids):
+        hidden = _backbone(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False).last_hidden_state
+        head = model.score if hasattr(model, "score") else model.classifier
+        return head(hidden[:, -response_length - 1:-1]).squeeze(-1).float().clone()  # clone: see forward_logprobs
+
+    if not 0 < response_length < input_ids.shape[1]:
+        raise ValueError(f"response_length={response_length} must be in [1, sequence length {input_ids.shape[1]})")
+    return call_as_forward(model, value_forward, input_ids, attention_mask, position_ids)

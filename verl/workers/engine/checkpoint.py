@@ -1,0 +1,265 @@
+"""Checkpoint I/O of an :class:`~verl.workers.engine.fsdp.FSDPEngine`, in verl's layout.
+
+One folder per role and step, e.g. ``checkpoints/p/e/global_step_N/actor/``::
+
+    model_world_size_{W}_rank_{r}.pt        # "model": this rank's parameter shards (below)
+    optim_world_size_{W}_rank_{r}.pt        # "optimizer": this rank's AdamW state
+    extra_state_world_size_{W}_rank_{r}.pt  # "extra": LR scheduler state and RNG states
+    fsdp_config.json                        # {"FSDP_version": 2, "world_size": W} (rank 0)
+    huggingface/                            # config.json, generation_config.json, tokenizer (rank 0);
+                                            #   with "hf_model" also the full model as safetensors
+
+Every file is written under a temporary name and renamed into place. All ``.pt`` files load with
+``torch.load(..., weights_only=True)``.
+
+A model file holds ``{"state_dict": {name: local shard (CPU)}, "shard_dims": {name: dim or None},
+"global_shapes": {name: [sizes]}, "world_size": W, "rank": r}``. FSDP2 splits dim ``shard_dims[name]``
+(always 0) in rank order like ``torch.chunk`` (the last ranks may hold fewer rows, or none), so the full
+tensor is ``torch.cat([rank_0, ..., rank_W-1], dim)``; a ``None`` dim is a full copy on every rank.
+:func:`load_full_model_state_dict` does exactly that, without a process group (for the model merger).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from verl.utils.fs import atomic_torch_save, atomic_write
+
+logger = logging.getLogger(__name__)
+
+CONTENTS = ("model", "optimizer", "extra", "hf_model")
+FSDP_CONFIG_FILE = "fsdp_config.json"
+HF_DIR = "huggingface"
+
+
+def model_file(world_size: int, rank: int) -> str:
+    return f"model_world_size_{world_size}_rank_{rank}.pt"
+
+
+def optim_file(world_size: int, rank: int) -> str:
+    return f"optim_world_size_{world_size}_rank_{rank}.pt"
+
+
+def extra_file(world_size: int, rank: int) -> str:
+    return f"extra_state_world_size_{world_size}_rank_{rank}.pt"
+
+
+def _check_contents(contents: Iterable[str]) -> set[str]:
+    chosen = set(contents)
+    unknown = chosen - set(CONTENTS)
+    if unknown:
+        raise ValueError(f"checkpoint contents {sorted(unknown)} are unknown; choose from {list(CONTENTS)}.")
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------------ state
+def _model_payload(engine) -> dict:
+    tensors, shard_dims, shapes, copies = {}, {}, {}, {}
+    for name, param in engine.module.state_dict(keep_vars=True).items():
+        value, dim = param.detach(), None
+        if isinstance(value, DTensor):
+            dims = [p.dim for p in value.placements if p.is_shard()]
+            dim = dims[0] if dims else None
+            value = value.to_local()
+        if id(param) not in copies:  # tied weights: save the shared tensor once
+            copies[id(param)] = value.to("cpu", copy=True)
+        tensors[name], shard_dims[name], shapes[name] = copies[id(param)], dim, list(param.shape)
+    return {"state_dict": tensors, "shard_dims": shard_dims, "global_shapes": shapes,
+            "world_size": engine.world_size, "rank": engine.rank}
+
+
+def _load_model_payload(engine, payload: dict, path: str) -> None:
+    saved = payload["state_dict"]
+    current = engine.module.state_dict(keep_vars=True)
+    if set(saved) != set(current):
+        missing, extra = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+        raise ValueError(f"{path} does not match this model: missing {missing[:5]}, unexpected {extra[:5]}.")
+    with torch.no_grad():
+        for name, value in current.items():
+            local = value.to_local() if isinstance(value, DTensor) else value
+            if tuple(local.shape) != tuple(saved[name].shape):
+                raise ValueError(f"{path}: {name} has shard shape {tuple(saved[name].shape)}, "
+                                 f"this model expects {tuple(local.shape)}.")
+            local.copy_(saved[name])
+
+
+def _optim_payload(optimizer: torch.optim.Optimizer) -> dict:
+    sd = optimizer.state_dict()
+    state, dtensor_keys = {}, []
+    for idx, param_state in sd["state"].items():
+        state[idx] = {}
+        for key, value in param_state.items():
+            if isinstance(value, DTensor):
+                dtensor_keys.append([idx, key])
+                value = value.to_local()
+            state[idx][key] = value.to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+    return {"state": state, "param_groups": sd["param_groups"], "dtensor_keys": dtensor_keys}
+
+
+def _load_optim_payload(optimizer: torch.optim.Optimizer, payload: dict) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {idx: dict(param_state) for idx, param_state in payload["state"].items()}
+    for idx, key in payload["dtensor_keys"]:
+        param = params[idx]
+        local = state[idx][key].to(param.to_local().device)
+        state[idx][key] = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                                             shape=param.shape, stride=param.stride())
+    optimizer.load_state_dict({"state": state, "param_groups": payload["param_groups"]})
+
+
+def _rng_state() -> dict:
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        # As plain lists, so the file loads with weights_only=True.
+        "numpy": [kind, key.tolist(), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------ huggingface/
+def _hf_class(module: torch.nn.Module) -> type:
+    """The model's own transformers class (FSDP2 swaps in a subclass named ``FSDP<cls>``)."""
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+
+
+def _write_hf_folder(engine, local_path: str, tokenizer, full_state: dict | None) -> None:
+    """Rank 0: config, generation config, tokenizer and (if given) the full weights into huggingface/."""
+    target = os.path.join(local_path, HF_DIR)
+    os.makedirs(target, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".huggingface.", dir=local_path)
+    try:
+        model_cls = _hf_class(engine.module)
+        config = copy.deepcopy(engine.module.config)
+        config.architectures = [model_cls.__name__]
+        if hasattr(config, "use_cache"):
+            config.use_cache = True  # training turned it off; the exported model is for inference
+        if full_state is not None:
+            with torch.device("meta"):
+                shell = model_cls(config)
+            shell.save_pretrained(staging, state_dict=full_state)  # also writes config + generation config
+        else:
+            config.save_pretrained(staging)
+            generation_config = getattr(engine.module, "generation_config", None)
+            if generation_config is not None:
+                generation_config.save_pretrained(staging)
+        if tokenizer is not None:
+            if isinstance(tokenizer, (str, os.PathLike)):
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            tokenizer.save_pretrained(staging)
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(target, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ public
+def save_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("model", "optimizer", "extra"),
+                    tokenizer=None) -> None:
+    """Write the chosen ``contents`` of ``engine`` into ``local_path``. Collective over all ranks."""
+    chosen = _check_contents(contents)
+    if "optimizer" in chosen and engine.optimizer is None:
+        raise ValueError("checkpoint contents include 'optimizer' but this engine has none.")
+    world_size, rank = engine.world_size, engine.rank
+    os.makedirs(local_path, exist_ok=True)
+    if "model" in chosen:
+        atomic_torch_save(_model_payload(engine), os.path.join(local_path, model_file(world_size, rank)))
+    if "optimizer" in chosen:
+        atomic_torch_save(_optim_payload(engine.optimizer), os.path.join(local_path, optim_file(world_size, rank)))
+    if "extra" in chosen:
+        scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
+        atomic_torch_save({"lr_scheduler": scheduler, "rng": _rng_state()},
+                           os.path.join(local_path, extra_file(world_size, rank)))
+    full_state = engine.full_state_dict() if "hf_model" in chosen else None
+    if rank == 0:
+        with atomic_write(os.path.join(local_path, FSDP_CONFIG_FILE), "w") as f:
+            json.dump({"FSDP_version": 2, "world_size": world_size}, f)
+        _write_hf_folder(engine, local_path, tokenizer, full_state)
+    if engine.device.type == "cuda":
+        dist.barrier(device_ids=[engine.device.index])
+    else:
+        dist.barrier()
+    logger.info("saved %s to %s", sorted(chosen), local_path)
+
+
+def read_fsdp_config(local_path: str) -> dict:
+    path = os.path.join(local_path, FSDP_CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: {local_path} is not an FSDP checkpoint folder written by verl.")
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("model", "optimizer", "extra")) -> None:
+    """Restore the chosen ``contents`` ("hf_model" is export only and ignored) from ``local_path``."""
+    chosen = _check_contents(contents) - {"hf_model"}
+    saved_world = read_fsdp_config(local_path).get("world_size")
+    if saved_world != engine.world_size:
+        raise ValueError(
+            f"{local_path} was saved by {saved_world} ranks but {engine.world_size} are loading it. Resume with "
+            f"the same number of GPUs (trainer.nnodes x trainer.n_gpus_per_node = {saved_world}), or export it "
+            "with `python -m verl.model_merger merge --backend fsdp --local_dir ...` and start from that model."
+        )
+    world_size, rank = engine.world_size, engine.rank
+    files = {"model": model_file(world_size, rank), "optimizer": optim_file(world_size, rank),
+             "extra": extra_file(world_size, rank)}
+    absent = sorted(part for part in chosen if not os.path.isfile(os.path.join(local_path, files[part])))
+    if absent:
+        raise FileNotFoundError(f"{local_path} holds no {[files[part] for part in absent]}: the checkpoint was saved "
+                                f"without {absent} (checkpoint.save_contents); drop them from checkpoint.load_contents.")
+    if "model" in chosen:
+        path = os.path.join(local_path, files["model"])
+        _load_model_payload(engine, torch.load(path, map_location="cpu", weights_only=True), path)
+    if "optimizer" in chosen:
+        if engine.optimizer is None:
+            raise ValueError("checkpoint contents include 'optimizer' but this engine has none.")
+        _load_optim_payload(engine.optimizer,
+                            torch.load(os.path.join(local_path, files["optimizer"]), map_location="cpu",
+                                       weights_only=True))
+    if "extra" in chosen:
+        extra = torch.load(os.path.join(local_path, files["extra"]), map_location="cpu", weights_only=True)
+        if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
+            engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        _set_rng_state(extra["rng"])
+    logger.info("loaded %s from %s", sorted(chosen), local_path)
+
+
+def load_full_model_state_dict(local_path: str) -> dict[str, torch.Tensor]:
+    """The full model state dict, rebuilt on the CPU from every rank's model file (no process group needed)."""
+    world_size = read_fsdp_config(local_path)["world_size"]
+    shards = [torch.load(os.path.join(local_path, model_file(world_size, r)), map_location="cpu", weights_only=True)
+              for r in range(world_size)]
+    full = {}
+    for name, shape in shards[0]["global_shapes"].items():
+        dim = shards[0]["shard_dims"][name]
+        tensor = shards[0]["state_dict"][name] if dim is None else \
+            torch.cat([s["state_dict"][name] for s in shards], dim=dim)
+        if list(tensor.shape) != list(shape):
+            raise ValueError(f"{local_path}: {name} rebuilds to {list(tensor.shape)}, expected {shape}.")
+        full[name] = tensor
+    return full

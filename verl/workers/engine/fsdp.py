@@ -1,0 +1,329 @@
+"""The FSDP2 training engine: one Hugging Face model sharded over every rank of the default process group.
+
+Parameters are kept in fp32 (load the model in ``fsdp_config.model_dtype``) and sharded along dim 0
+over a 1-D mesh; each decoder layer and then the root are ``fully_shard``-ed, so a forward all-gathers
+one layer at a time in the mixed-precision ``param_dtype`` and reduce-scatters gradients in
+``reduce_dtype`` (fp32). The same engine serves the actor, the critic (value model) and, without an
+optimizer, the reference model.
+
+Typical use from a worker (the process group is already initialised)::
+
+    model = load_causal_lm(path, dtype=fsdp_config.model_dtype)
+    engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=optim, grad_clip=actor.grad_clip,
+                        enable_gradient_checkpointing=True)
+    with engine.on_device(optimizer=True):
+        stats = engine.train_step(micro_batches, loss_fn)
+    engine.lr_scheduler_step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import DTensor
+
+from verl.models import loader
+from verl.workers.engine import checkpoint as ckpt
+from verl.utils.config import config_get
+from verl.workers.engine.optim import build_lr_scheduler, build_optimizer
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.nn.Module, object], "torch.Tensor | tuple[torch.Tensor, dict]"]
+
+
+def default_device() -> torch.device:
+    """The current CUDA device (the worker sets it per rank) when the default process group can reach it
+    (NCCL), else the CPU: a gloo-only group means a CPU run even on a machine with GPUs."""
+    if torch.cuda.is_available() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def mixed_precision_policy(fsdp_config, device: torch.device) -> MixedPrecisionPolicy:
+    """param dtype: ``fsdp_config.mixed_precision.param_dtype``, else ``fsdp_config.dtype``, else bf16 on
+    CUDA and fp32 on CPU; reduce dtype: ``mixed_precision.reduce_dtype``, else fp32."""
+    mixed = config_get(fsdp_config, "mixed_precision", {})
+    param_dtype = config_get(mixed, "param_dtype") or config_get(fsdp_config, "dtype") \
+        or ("bfloat16" if device.type == "cuda" else "float32")
+    reduce_dtype = config_get(mixed, "reduce_dtype", "float32")
+    return MixedPrecisionPolicy(param_dtype=loader.resolve_dtype(param_dtype),
+                                reduce_dtype=loader.resolve_dtype(reduce_dtype))
+
+
+def shard_model(model: torch.nn.Module, mesh, *, mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool,
+                offload_policy: bool) -> torch.nn.Module:
+    """``fully_shard`` each decoder layer (classes named in ``model._no_split_modules``), then the root.
+
+    Embeddings and lm_head stay in the root unit, so tied weights stay one parameter.
+    """
+    kwargs = {"mesh": mesh, "mp_policy": mp_policy}
+    if offload_policy:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        logger.warning("%s names no decoder layer class in _no_split_modules; sharding the whole model as one "
+                       "unit (every forward gathers all parameters at once).", type(model).__name__)
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
+    # The root keeps FSDP's default: not resharded after forward, as its parameters are needed again in backward.
+    fully_shard(model, **kwargs)
+    return model
+
+
+def _check_tied(model: torch.nn.Module) -> None:
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        return
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if outputs is not None and inputs.weight is not outputs.weight:
+        raise RuntimeError("tie_word_embeddings is set but the input and output embeddings are no longer one "
+                           "parameter after sharding.")
+
+
+class FSDPEngine:
+    """One FSDP2-sharded model with its optimizer, LR schedule, offload and checkpoint I/O.
+
+    Args:
+        model: a Hugging Face model (causal LM or value model), on the CPU, in the master dtype.
+        fsdp_config: ``*.fsdp_config`` (``dtype``/``mixed_precision``, ``reshard_after_forward``,
+            ``offload_policy``, ``param_offload``, ``optimizer_offload``); dict, OmegaConf or dataclass.
+        optim_config: ``*.optim``; None builds no optimizer (a frozen reference model).
+        grad_clip: max global grad norm (``actor.grad_clip``); <= 0 or None measures without clipping.
+        enable_gradient_checkpointing: recompute each decoder layer in backward.
+        total_training_steps: overrides ``optim.total_training_steps`` for the LR schedule.
+        device: defaults to the current CUDA device with an NCCL process group, else the CPU.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, fsdp_config=None, optim_config=None, grad_clip: float | None = 1.0,
+                 enable_gradient_checkpointing: bool = False, total_training_steps: int | None = None,
+                 device: torch.device | str | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPEngine needs an initialised default process group (the Worker base does that; "
+                               "in a script call torch.distributed.init_process_group first).")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        fsdp_size = int(config_get(fsdp_config, "fsdp_size", -1))
+        if 0 < fsdp_size < self.world_size:
+            logger.warning("fsdp_config.fsdp_size=%d is ignored: this engine shards over all %d ranks (1-D mesh).",
+                           fsdp_size, self.world_size)
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        self.reshard_after_forward = bool(config_get(fsdp_config, "reshard_after_forward", True))
+        self.offload_policy = bool(config_get(fsdp_config, "offload_policy", False)) and self.device.type != "cpu"
+        # Moving states between phases only means something when the compute device is not the CPU.
+        movable = self.device.type != "cpu" and not self.offload_policy
+        self.param_offload = bool(config_get(fsdp_config, "param_offload", False)) and movable
+        self.optimizer_offload = bool(config_get(fsdp_config, "optimizer_offload", False)) and movable
+        self.grad_clip = grad_clip
+
+        if enable_gradient_checkpointing:
+            loader.enable_gradient_checkpointing(model)
+        if getattr(model, "config", None) is not None:
+            model.config.use_cache = False
+        self.module = shard_model(model, self.mesh, mp_policy=mixed_precision_policy(fsdp_config, self.device),
+                                  reshard_after_forward=self.reshard_after_forward, offload_policy=self.offload_policy)
+        _check_tied(self.module)
+
+        self.optimizer = build_optimizer(self.module.parameters(), optim_config) if optim_config is not None else None
+        self.lr_scheduler = (build_lr_scheduler(self.optimizer, optim_config, total_training_steps)
+                             if self.optimizer is not None else None)
+        self._params_on_device = True
+        self._optimizer_on_device = not self.optimizer_offload  # AdamW creates its states at the first step
+        if self.param_offload:
+            self.offload_params()
+
+    # ----------------------------------------------------------------------------------------- training
+    def train_step(self, micro_batches: Iterable, loss_fn: LossFn) -> dict:
+        """One optimizer step over ``micro_batches`` (gradient accumulation), collective over all ranks.
+
+        ``loss_fn(module, micro_batch)`` returns ``loss`` or ``(loss, metrics)``. The engine calls
+        ``loss.backward()`` as is: the loss must already be scaled to its share of this rank's
+        mini-batch (e.g. ``× micro_size / mini_size``, or its share of the tokens), so the accumulated
+        gradient is the gradient of the rank's mini-batch loss; FSDP then averages it over ranks.
+        Every rank must pass the same number of micro-batches.
+
+        Returns ``loss`` (sum of the micro-batch losses), ``grad_norm`` (before clipping), ``lr`` (used
+        by this step), ``update_skipped`` (True when the grad norm was not finite: no update, a
+        warning is logged) and each metric key of ``loss_fn`` as a list, one entry per micro-batch.
+        The LR scheduler is not stepped here: call ``lr_scheduler_step()`` once per trainer step.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("This engine has no optimizer (built without optim_config), so it cannot train.")
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        results: dict = defaultdict(list)
+        total_loss = 0.0
+        for micro_batch in micro_batches:
+            out = loss_fn(self.module, micro_batch)
+            loss, metrics = out if isinstance(out, tuple) else (out, {})
+            loss.backward()
+            total_loss += float(loss.detach())
+            for key, value in metrics.items():
+                results[key].append(value)
+        grad_norm = self.clip_grad_norm()
+        lr = self.get_lr()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            logger.warning("grad_norm is %s: skipping this optimizer step (rank %d).", grad_norm, self.rank)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        results.update(loss=total_loss, grad_norm=grad_norm, lr=lr, update_skipped=skipped)
+        return dict(results)
+
+    def clip_grad_norm(self) -> float:
+        """Global L2 norm of the gradients (all ranks); scales them to ``grad_clip`` when it is exceeded.
+
+        Collective. Not finite norms are returned without touching the gradients.
+        """
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(total, DTensor):
+            # Reduce on the compute device: with CPU offload the local grads live on the CPU.
+            total = total.to(self.device).full_tensor()
+        grad_norm = float(total)
+        if self.grad_clip is not None and self.grad_clip > 0 and math.isfinite(grad_norm):
+            coef = self.grad_clip / (grad_norm + 1e-6)
+            if coef < 1.0:
+                for grad in grads:
+                    grad.mul_(coef)
+        return grad_norm
+
+    def get_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    def lr_scheduler_step(self) -> float:
+        """Advance the LR schedule by one trainer step; returns the lr the next update will use."""
+        if self.lr_scheduler is None:
+            raise RuntimeError("This engine has no optimizer (built without optim_config), so no LR schedule.")
+        self.lr_scheduler.step()
+        return self.get_lr()
+
+    # ----------------------------------------------------------------------------------------- offload
+    def offload_params(self) -> None:
+        """Move the sharded parameters (and any grads) to the CPU. No-op on a CPU engine."""
+        if self.device.type == "cpu" or self.offload_policy:
+            return
+        self.module.to("cpu")
+        self._params_on_device = False
+        torch.cuda.empty_cache()
+
+    def load_params(self) -> None:
+        """Bring the sharded parameters back to the device. No-op on a CPU engine."""
+        if self.device.type == "cpu" or self.offload_policy:
+            return
+        self.module.to(self.device)
+        self._params_on_device = True
+
+    def offload_optimizer(self) -> None:
+        """Move the optimizer states (AdamW moments) to the CPU. No-op on a CPU engine."""
+        self._move_optimizer_states(torch.device("cpu"))
+        self._optimizer_on_device = False
+
+    def load_optimizer(self) -> None:
+        """Bring the optimizer states back to the device. No-op on a CPU engine."""
+        self._move_optimizer_states(self.device)
+        self._optimizer_on_device = True
+
+    def _move_optimizer_states(self, target: torch.device) -> None:
+        if self.optimizer is None or self.device.type == "cpu" or self.offload_policy:
+            return
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(target, non_blocking=True)
+        if target.type == "cpu":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    @contextlib.contextmanager
+    def on_device(self, optimizer: bool = False) -> Iterator[None]:
+        """Within the block, what ``param_offload`` (and, with ``optimizer=True``, ``optimizer_offload``)
+        keeps on the CPU is on the device; it goes back to the CPU afterwards."""
+        load_params = self.param_offload and not self._params_on_device
+        load_optim = optimizer and self.optimizer_offload and not self._optimizer_on_device
+        if load_params:
+            self.load_params()
+        if load_optim:
+            self.load_optimizer()
+        try:
+            yield
+        finally:
+            if load_optim:
+                self.offload_optimizer()
+            if load_params:
+                self.offload_params()
+
+    # ----------------------------------------------------------------------------------------- rollout / export
+    @contextlib.contextmanager
+    def gathered_params(self) -> Iterator[torch.nn.Module]:
+        """Every FSDP unit unsharded (in ``param_dtype``) for the whole block; yields the module.
+
+        Forwards inside run without any collective, so ranks may run different numbers of them (a
+        rollout whose ranks stop generating at different times). Collective on entry and exit. Meant for
+        inference (no backward inside). Parameters are sharded again afterwards.
+        """
+        units = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        with self.on_device():
+            for unit in units:
+                unit.set_reshard_after_forward(False, recurse=False)
+                unit.unshard()
+            try:
+                yield self.module
+            finally:
+                for unit in units:
+                    unit.reshard()
+                    if unit is not self.module:  # the root never reshards after forward (see shard_model)
+                        unit.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model state dict on CPU in the master dtype on rank 0 ({} elsewhere). Collective.
+
+        Tied weights map to one tensor under both names.
+        """
+        full: dict[str, torch.Tensor] = {}
+        first_name: dict[int, str] = {}
+        with self.on_device():
+            for name, value in self.module.state_dict(keep_vars=True).items():
+                if id(value) in first_name:
+                    if self.rank == 0:
+                        full[name] = full[first_name[id(value)]]
+                    continue
+                first_name[id(value)] = name
+                tensor = value.detach()
+                if isinstance(tensor, DTensor):
+                    tensor = tensor.to(self.device).full_tensor()
+                if self.rank == 0:
+                    full[name] = tensor.to("cpu", copy=True)
+        return full
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, local_path: str, *, save_contents: Iterable[str] = ("model", "optimizer", "extra"),
+                        tokenizer=None) -> None:
+        """Write this engine's state to ``local_path`` (e.g. ``.../global_step_N/actor``). Collective.
+
+        See :mod:`verl.workers.engine.checkpoint` for the layout. ``tokenizer`` (an object with
+        ``save_pretrained`` or a folder) goes into ``huggingface/``.
+        """
+        ckpt.save_checkpoint(self, local_path, contents=save_contents, tokenizer=tokenizer)
+
+    def load_checkpoint(self, local_path: str, *, load_contents: Iterable[str] = ("model", "optimizer", "extra")) -> None:
+        """Restore what ``save_checkpoint`` wrote; the world size must be the one it was saved with."""
+        ckpt.load_checkpoint(self, local_path, contents=load_contents)
+        if not self._optimizer_on_device:  # loaded next to the parameters; keep them where offload wants them
+            self.offload_optimizer()

@@ -1,0 +1,92 @@
+"""AdamW and the learning-rate schedule, built from an ``actor.optim`` / ``critic.optim`` config.
+
+Schedule (``LambdaLR``; ``lr_scheduler.step()`` once per trainer step, so step s is the s-th update):
+warmup of W steps, W = ``lr_warmup_steps`` if > 0 else ``int(lr_warmup_steps_ratio * total_training_steps)``,
+is linear from 0: lr(s) = lr · s / W for s < W (so the first update runs at lr 0, as in the original
+verl and transformers' schedules). Afterwards:
+
+- ``constant``: lr(s) = lr.
+- ``cosine``: with p = (s - W) / max(1, total - W) and m = ``min_lr_ratio``,
+  lr(s) = lr · max(m, m + (1 - m) · ½ · (1 + cos(2π · num_cycles · p))); num_cycles 0.5 is a half
+  wave from lr down to m·lr at the last step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from verl.utils.config import config_get
+
+logger = logging.getLogger(__name__)
+
+
+def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
+    """AdamW over ``params`` with ``lr``, ``betas``, ``weight_decay``, ``eps`` and ``override_optimizer_config``."""
+    name = str(config_get(optim_config, "optimizer", "AdamW"))
+    impl = str(config_get(optim_config, "optimizer_impl", "torch.optim"))
+    if name.lower() != "adamw" or impl != "torch.optim":
+        raise ValueError(
+            f"optim.optimizer={name!r} with optim.optimizer_impl={impl!r} is not supported; "
+            "use optimizer=AdamW, optimizer_impl=torch.optim."
+        )
+    kwargs = {
+        "lr": float(config_get(optim_config, "lr", 1e-6)),
+        "betas": tuple(float(b) for b in config_get(optim_config, "betas", (0.9, 0.999))),
+        "weight_decay": float(config_get(optim_config, "weight_decay", 0.01)),
+    }
+    eps = config_get(optim_config, "eps")
+    if eps is not None:
+        kwargs["eps"] = float(eps)
+    kwargs.update(dict(config_get(optim_config, "override_optimizer_config", {}) or {}))
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def lr_factor(step: int, *, warmup_steps: int, total_steps: int, scheduler_type: str = "constant",
+              min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> float:
+    """The multiplier of the base lr at update ``step`` (see the module docstring for the formula)."""
+    if step < warmup_steps:
+        return step / max(1, warmup_steps)
+    if scheduler_type == "constant":
+        return 1.0
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    cosine = 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
+    return max(min_lr_ratio, min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config,
+                       total_training_steps: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """The warmup + constant/cosine schedule of ``optim_config``.
+
+    ``total_training_steps`` overrides ``optim.total_training_steps`` (which the trainer fills in).
+    """
+    total = int(total_training_steps if total_training_steps is not None
+                else config_get(optim_config, "total_training_steps", -1))
+    scheduler_type = config_get(optim_config, "lr_scheduler_type", "constant")
+    warmup_style = config_get(optim_config, "warmup_style")
+    if warmup_style is not None:
+        logger.warning("optim.warmup_style is deprecated; use optim.lr_scheduler_type=%s instead.", warmup_style)
+        scheduler_type = warmup_style
+    if scheduler_type not in ("constant", "cosine"):
+        raise ValueError(f"optim.lr_scheduler_type={scheduler_type!r} is not supported; use constant or cosine.")
+
+    warmup = int(config_get(optim_config, "lr_warmup_steps", -1))
+    if warmup <= 0:
+        ratio = float(config_get(optim_config, "lr_warmup_steps_ratio", 0.0))
+        if ratio > 0 and total <= 0:
+            raise ValueError("optim.lr_warmup_steps_ratio > 0 needs optim.total_training_steps (set by the trainer).")
+        warmup = int(ratio * total) if ratio > 0 else 0
+    if scheduler_type == "cosine" and total <= 0:
+        raise ValueError("optim.lr_scheduler_type=cosine needs optim.total_training_steps (set by the trainer).")
+    min_lr_ratio = float(config_get(optim_config, "min_lr_ratio", 0.0))
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+    num_cycles = float(config_get(optim_config, "num_cycles", 0.5))
+
+    def factor(step: int) -> float:
+        return lr_factor(step, warmup_steps=warmup, total_steps=total, scheduler_type=scheduler_type,
+                         min_lr_ratio=min_lr_ratio, num_cycles=num_cycles)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
