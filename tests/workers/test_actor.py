@@ -1,0 +1,59 @@
+"""The workers' pure helpers: micro-batch splitting, batch-size normalisation, data checks, score placement."""
+
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.workers.actor import check_finite, split_micro_batches
+from verl.workers.fsdp_workers import micro_batching, per_rank_mini_batch
+from verl.workers.reward_model import place_scores
+
+
+def rows_with_lengths(lengths, width=6):
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, width - n:] = 1
+    return DataProto.from_dict({"attention_mask": mask, "row": torch.arange(len(lengths))})
+
+
+def test_split_by_rows_and_by_token_budget():
+    data = rows_with_lengths([3, 4, 2, 6, 1])
+    assert [p.batch["row"].tolist() for p in split_micro_batches(data, 2)] == [[0, 1], [2, 3], [4]]
+    # Budget 7: 3+4 fit, 2 (then 6 would overflow), 6 alone, then 1.
+    parts = split_micro_batches(data, max_token_len=7)
+    assert [p.batch["row"].tolist() for p in parts] == [[0, 1], [2], [3, 4]]
+    # A row longer than the budget still forms a micro-batch of its own.
+    assert [p.batch["row"].tolist() for p in split_micro_batches(data, max_token_len=2)] == [[0], [1], [2], [3], [4]]
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        split_micro_batches(data, None)
+
+
+def test_check_finite_names_the_rows():
+    data = DataProto.from_dict({"advantages": torch.tensor([[0.0, 1.0], [float("inf"), 0.0], [float("nan"), 1.0]])})
+    with pytest.raises(ValueError, match=r"update_actor: batch\['advantages'\] holds NaN or inf in 2 of 3 rows.*\[1, 2\]"):
+        check_finite(data, "advantages", "update_actor")
+    check_finite(data.slice(0, 1), "advantages", "update_actor")
+
+
+def test_per_rank_mini_batch_counts_prompts_times_n_over_ranks():
+    section = {"ppo_mini_batch_size": 4}
+    assert per_rank_mini_batch(section, "actor_rollout_ref.actor", rollout_n=3, world_size=2) == 6
+    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(4\) x rollout.n \(1\) = 4 sequences .* 3 ranks"):
+        per_rank_mini_batch(section, "actor_rollout_ref.actor", rollout_n=1, world_size=3)
+
+
+def test_micro_batching_per_gpu_deprecated_global_and_dynamic():
+    keys = {"dynamic_key": "use_dynamic_bsz", "token_key": "ppo_max_token_len_per_gpu"}
+    where, name = "critic", "ppo_micro_batch_size"
+    assert micro_batching({"ppo_micro_batch_size_per_gpu": 3}, where, name, 4, **keys) == (3, None)
+    assert micro_batching({"ppo_micro_batch_size": 8}, where, name, 4, **keys) == (2, None)
+    assert micro_batching({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 100}, where, name, 4,
+                          **keys) == (None, 100)
+    with pytest.raises(ValueError, match=r"critic.ppo_micro_batch_size_per_gpu is not set.*critic.use_dynamic_bsz"):
+        micro_batching({}, where, name, 4, **keys)
+
+
+def test_place_scores_at_the_last_valid_response_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    out = place_scores(torch.tensor([0.5, -2.0, 3.0]), mask)
+    assert out.tolist() == [[0, 0, 0.5, 0], [0, 0, 0, -2.0], [3.0, 0, 0, 0]]

@@ -1,0 +1,184 @@
+"""The PPO actor on one rank: log-probs of given responses, and the policy update.
+
+Everything here works on this rank's share of the batch (the worker's dispatcher already split it over
+the data-parallel ranks); the engine averages gradients over the ranks. Batches arrive as a
+:class:`DataProto` with, per row, the prompt and response concatenated:
+
+- ``input_ids``, ``attention_mask``, ``position_ids``: (B, P+R), prompts left-padded;
+- ``responses``: (B, R), the last R columns of ``input_ids``; ``response_mask``: (B, R).
+
+A response token's log-prob is read from the logits one position before it (hidden states at
+P-1 .. T-2, see :mod:`verl.models.logprob`), as log_softmax(logits / T) at sampling temperature T, so
+that it is the probability the rollout actually sampled from.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from verl.models import forward_logprobs
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils.config import config_get
+
+__all__ = ["DataParallelPPOActor", "check_finite", "split_micro_batches"]
+
+
+def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
+                        max_token_len: int | None = None) -> list[DataProto]:
+    """Consecutive micro-batches of ``data``: ``micro_batch_size`` rows each or, when ``max_token_len``
+    is given (``use_dynamic_bsz``), as many rows as fit in that many real tokens (attention-mask sum;
+    a longer row is a micro-batch of its own). Forwards are padded, so the budget bounds real tokens,
+    not the padded width."""
+    if max_token_len is None:
+        if not micro_batch_size or micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size!r}")
+        return data.split(micro_batch_size)
+    if max_token_len <= 0:
+        raise ValueError(f"max_token_len must be positive, got {max_token_len}")
+    lengths = data.batch["attention_mask"].sum(-1).tolist()
+    parts, start, tokens = [], 0, 0
+    for i, length in enumerate(lengths):
+        if i > start and tokens + length > max_token_len:
+            parts.append(data.slice(start, i))
+            start, tokens = i, 0
+        tokens += length
+    if start < len(lengths):
+        parts.append(data.slice(start, len(lengths)))
+    return parts
+
+
+def check_finite(data: DataProto, key: str, stage: str) -> None:
+    """Raise naming the rows of ``data.batch[key]`` that hold NaN or inf (the update would be NaN)."""
+    bad = ~torch.isfinite(data.batch[key].float()).reshape(len(data), -1).all(dim=-1)
+    if bad.any():
+        rows = bad.nonzero().flatten().tolist()
+        raise ValueError(
+            f"{stage}: batch['{key}'] holds NaN or inf in {len(rows)} of {len(data)} rows on this rank "
+            f"(first rows: {rows[:8]}). The step's data is broken before the update: check the rewards "
+            "(a reward function returning NaN/inf?), the values and the advantage estimator's inputs "
+            "(e.g. a GRPO group of one sample with norm_adv_by_std_in_grpo)."
+        )
+
+
+class DataParallelPPOActor:
+    """Log-probs and PPO updates of one model, on this rank's rows.
+
+    Args:
+        config: the ``actor_rollout_ref.actor`` section (for the reference policy, only
+            :meth:`compute_log_prob` is used and ``config`` may be the ``ref`` section).
+        engine: the :class:`~verl.workers.engine.FSDPEngine` holding the model (with an optimizer
+            for :meth:`update_policy`).
+        mini_batch_size: rows of this rank per optimizer step (already multiplied by rollout.n and
+            divided by the world size; see the worker).
+        micro_batch_size: rows per forward/backward; ignored when ``max_token_len`` is set.
+        max_token_len: token budget of a micro-batch (``use_dynamic_bsz``), or None.
+    """
+
+    def __init__(self, config, engine, *, mini_batch_size: int | None = None,
+                 micro_batch_size: int | None = None, max_token_len: int | None = None):
+        self.config = config
+        self.engine = engine
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len
+
+    # ------------------------------------------------------------------------------------ forward only
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, *, temperature: float, micro_batch_size: int | None,
+                         max_token_len: int | None = None, calculate_entropy: bool = True):
+        """(log_probs, entropy) of the responses, both (B, R) float32 on the data's device; entropy
+        is None unless ``calculate_entropy``. The model runs in eval mode."""
+        module = self.engine.module
+        module.eval()
+        response_length = data.batch["responses"].shape[-1]
+        log_probs, entropys = [], []
+        for micro in split_micro_batches(data, micro_batch_size, max_token_len):
+            lp, ent = forward_logprobs(module, micro.batch["input_ids"], micro.batch["attention_mask"],
+                                       micro.batch["position_ids"], response_length, temperature=temperature,
+                                       compute_entropy=calculate_entropy)
+            log_probs.append(lp)
+            entropys.append(ent)
+        return torch.cat(log_probs), (torch.cat(entropys) if calculate_entropy else None)
+
+    # ------------------------------------------------------------------------------------ update
+    def update_policy(self, data: DataProto, *, temperature: float) -> dict[str, list[float]]:
+        """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
+
+        Each micro-batch loss is scaled by (micro rows / mini rows), so the accumulated gradient is
+        that of the mini-batch loss when the aggregation is a mean over rows; for ``token-mean`` it
+        weights micro-batches by rows, not tokens (exact when micro-batches hold equal token counts).
+        The LR scheduler is not stepped here (the worker steps it once per training step).
+
+        Returns metrics as lists: per micro-batch ``actor/pg_loss``, ``actor/pg_clipfrac``,
+        ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (plus any extra metric of the policy loss),
+        ``actor/entropy`` when computed, ``actor/kl_loss``/``actor/kl_coef`` with ``use_kl_loss``;
+        per optimizer step ``actor/grad_norm`` and ``actor/lr``.
+        """
+        config = self.config
+        required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+                    "old_log_probs", "advantages"]
+        if config_get(config, "use_kl_loss", False):
+            required.append("ref_log_prob")
+        missing = [k for k in required if k not in data.batch]
+        if missing:
+            raise KeyError(f"update_actor needs batch keys {missing} (present: {sorted(data.batch)}); "
+                           "ref_log_prob comes from compute_ref_log_prob, needed with actor.use_kl_loss=true")
+        check_finite(data, "advantages", "update_actor")
+        mini = self.mini_batch_size
+        if not mini or len(data) % mini:
+            raise ValueError(
+                f"update_actor got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch "
+                f"({mini} rows = actor.ppo_mini_batch_size x rollout.n / world size). Make "
+                "data.train_batch_size a multiple of actor.ppo_mini_batch_size.")
+
+        loss_fn = self._make_loss_fn(temperature, mini)
+        metrics: dict[str, list] = defaultdict(list)
+        batches = data.select(batch_keys=required, non_tensor_batch_keys=[]).make_iterator(
+            mini, epochs=int(config_get(config, "ppo_epochs", 1)), shuffle=bool(config_get(config, "shuffle", False)),
+            seed=int(config_get(config, "data_loader_seed", 42)))
+        for mini_batch in batches:
+            micros = split_micro_batches(mini_batch, self.micro_batch_size, self.max_token_len)
+            stats = self.engine.train_step(micros, loss_fn)
+            for key, values in stats.items():
+                if key.startswith("actor/"):
+                    metrics[key].extend(values)
+            metrics["actor/grad_norm"].append(stats["grad_norm"])
+            metrics["actor/lr"].append(stats["lr"])
+        return dict(metrics)
+
+    def _make_loss_fn(self, temperature: float, mini_rows: int):
+        config = self.config
+        policy_loss_fn = get_policy_loss_fn(config_get(config, "policy_loss.loss_mode", "vanilla"))
+        agg_mode = config_get(config, "loss_agg_mode", "token-mean")
+        scale_factor = config_get(config, "loss_scale_factor")
+        entropy_coeff = float(config_get(config, "entropy_coeff", 0.0))
+        need_entropy = entropy_coeff != 0 or bool(config_get(config, "calculate_entropy", False))
+        use_kl_loss = bool(config_get(config, "use_kl_loss", False))
+        kl_coef = float(config_get(config, "kl_loss_coef", 0.001))
+        kl_type = config_get(config, "kl_loss_type", "low_var_kl")
+
+        def loss_fn(module, micro: DataProto):
+            batch = micro.batch
+            mask = batch["response_mask"]
+            log_prob, entropy = forward_logprobs(
+                module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], mask.shape[-1],
+                temperature=temperature, compute_entropy=need_entropy)
+            pg_loss, pg_metrics = policy_loss_fn(
+                old_log_prob=batch["old_log_probs"], log_prob=log_prob, advantages=batch["advantages"],
+                response_mask=mask, loss_agg_mode=agg_mode, config=config)
+            loss = pg_loss
+            metrics = {"actor/pg_loss": pg_loss.item(), **{f"actor/{k}": float(v) for k, v in pg_metrics.items()}}
+            if need_entropy:
+                entropy_mean = agg_loss(entropy, mask, agg_mode, scale_factor)
+                loss = loss - entropy_coeff * entropy_mean
+                metrics["actor/entropy"] = entropy_mean.item()
+            if use_kl_loss:
+                kl = agg_loss(kl_penalty(log_prob, batch["ref_log_prob"], kl_type), mask, agg_mode, scale_factor)
+                loss = loss + kl_coef * kl
+                metrics.update({"actor/kl_loss": kl.item(), "actor/kl_coef": kl_coef})
+            return loss * (len(micro) / mini_rows), metrics
+
+        return loss_fn

@@ -1,0 +1,105 @@
+"""The critic on one rank: values of given responses, and the clipped value-loss update.
+
+Position convention (the same as the actor's log-probs): the value of response token t is the value
+head's output at the position just before it, i.e. hidden states at P-1 .. T-2 for a sequence of
+P prompt and R response tokens (T = P + R): the value of the state from which token t is emitted.
+Values are returned for every response column, also after the response's end; the driver masks them
+with ``response_mask``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from verl.models import forward_values
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils.config import config_get
+from verl.utils.torch_functional import masked_mean
+from verl.workers.actor import check_finite, split_micro_batches
+
+__all__ = ["DataParallelPPOCritic"]
+
+
+class DataParallelPPOCritic:
+    """Values and PPO value updates of one value model, on this rank's rows.
+
+    Args:
+        config: the ``critic`` section.
+        engine: the :class:`~verl.workers.engine.FSDPEngine` holding the value model, with an optimizer.
+        mini_batch_size: rows of this rank per optimizer step (``ppo_mini_batch_size`` x rollout.n /
+            world size, normalised by the worker).
+        micro_batch_size: rows per forward/backward in the update; ignored with ``max_token_len``.
+        max_token_len: token budget of an update micro-batch (``use_dynamic_bsz``), or None.
+    """
+
+    def __init__(self, config, engine, *, mini_batch_size: int | None = None,
+                 micro_batch_size: int | None = None, max_token_len: int | None = None):
+        self.config = config
+        self.engine = engine
+        self.mini_batch_size = mini_batch_size
+        self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto, *, micro_batch_size: int | None,
+                       max_token_len: int | None = None) -> torch.Tensor:
+        """Values (B, R) float32 of the responses, on the data's device; the model runs in eval mode."""
+        module = self.engine.module
+        module.eval()
+        response_length = data.batch["responses"].shape[-1]
+        values = [forward_values(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"],
+                                 response_length)
+                  for m in split_micro_batches(data, micro_batch_size, max_token_len)]
+        return torch.cat(values)
+
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        """``ppo_epochs`` passes in mini-batches, one optimizer step each, gradients accumulated over
+        micro-batches scaled by (micro rows / mini rows). Returns lists: per micro-batch
+        ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``; per optimizer step
+        ``critic/grad_norm`` and ``critic/lr``. The LR scheduler is stepped by the worker."""
+        config = self.config
+        required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
+                    "returns"]
+        missing = [k for k in required if k not in data.batch]
+        if missing:
+            raise KeyError(f"update_critic needs batch keys {missing} (present: {sorted(data.batch)}); values come "
+                           "from compute_values, returns from the advantage estimator (GAE)")
+        check_finite(data, "returns", "update_critic")
+        check_finite(data, "values", "update_critic")
+        mini = self.mini_batch_size
+        if not mini or len(data) % mini:
+            raise ValueError(
+                f"update_critic got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch "
+                f"({mini} rows = critic.ppo_mini_batch_size x rollout.n / world size). Make "
+                "data.train_batch_size a multiple of critic.ppo_mini_batch_size.")
+
+        cliprange = float(config_get(config, "cliprange_value", 0.5))
+        agg_mode = config_get(config, "loss_agg_mode", "token-mean")
+
+        def loss_fn(module, micro: DataProto):
+            batch = micro.batch
+            mask = batch["response_mask"]
+            vpreds = forward_values(module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                    mask.shape[-1])
+            vf_loss, vf_clipfrac = compute_value_loss(vpreds, batch["returns"], batch["values"], mask,
+                                                      cliprange_value=cliprange, loss_agg_mode=agg_mode)
+            metrics = {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item(),
+                       "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
+            return vf_loss * (len(micro) / mini), metrics
+
+        metrics: dict[str, list] = defaultdict(list)
+        batches = data.select(batch_keys=required, non_tensor_batch_keys=[]).make_iterator(
+            mini, epochs=int(config_get(config, "ppo_epochs", 1)), shuffle=bool(config_get(config, "shuffle", False)),
+            seed=int(config_get(config, "data_loader_seed", 42)))
+        for mini_batch in batches:
+            micros = split_micro_batches(mini_batch, self.micro_batch_size, self.max_token_len)
+            stats = self.engine.train_step(micros, loss_fn)
+            for key, values in stats.items():
+                if key.startswith("critic/"):
+                    metrics[key].extend(values)
+            metrics["critic/grad_norm"].append(stats["grad_norm"])
+            metrics["critic/lr"].append(stats["lr"])
+        return dict(metrics)

@@ -1,0 +1,120 @@
+"""Model-based reward: a sequence classifier (one label) scores prompt + response.
+
+The score of a row is the classifier head's output at the row's last valid token (the last 1 of
+``attention_mask``); it is placed in ``rm_scores`` (B, R) at the last valid response token, 0
+elsewhere, like a rule reward. The pooling is done here rather than by transformers (which looks for
+the pad token in ``input_ids``), because prompts are left-padded and responses right-padded.
+
+When the reward model has its own tokenizer and chat template, each row is rebuilt as text: the
+prompt's chat messages (``raw_prompt``) plus the decoded response as the assistant turn, formatted
+with the reward model's chat template and encoded with its tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from verl.models.loader import _check_supported, apply_override_config, load_hf_config, resolve_dtype
+from verl.models.logprob import call_as_forward
+from verl.protocol import DataProto
+from verl.workers.actor import split_micro_batches
+
+__all__ = ["compute_rm_scores", "load_reward_model", "place_scores", "retokenize_for_reward_model", "same_tokenizer",
+           "sequence_scores"]
+
+
+def load_reward_model(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
+                      override_config=None, config_key: str = "reward_model.model.path"):
+    """An ``AutoModelForSequenceClassification`` with one label (dropout off) from ``path``."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    config = load_hf_config(path, trust_remote_code=trust_remote_code, config_key=config_key)
+    _check_supported(config, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "AutoModelForSequenceClassification",
+                     path, config_key, trust_remote_code)
+    apply_override_config(config, override_config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    return AutoModelForSequenceClassification.from_pretrained(
+        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
+        attn_implementation="sdpa")
+
+
+def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) float32: the head's output at each row's last valid token."""
+    last = (attention_mask.long() * torch.arange(attention_mask.shape[1], device=attention_mask.device)).argmax(-1)
+
+    def scored_forward(input_ids, attention_mask, position_ids):
+        backbone = getattr(model, model.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False).last_hidden_state
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        head = model.score if hasattr(model, "score") else model.classifier
+        return head(pooled).squeeze(-1).float().clone()
+
+    return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids)
+
+
+def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, R) float32 with ``scores[i]`` at row i's last valid response token (column 0 if none)."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32, device=scores.device)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)
+    out[torch.arange(len(scores), device=scores.device), last] = scores.float()
+    return out
+
+
+def same_tokenizer(a, b) -> bool:
+    """Same vocabulary and chat template: token ids can be passed from one to the other as they are."""
+    return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+
+
+def retokenize_for_reward_model(data: DataProto, src_tokenizer, rm_tokenizer, max_length: int | None = None):
+    """``input_ids``, ``attention_mask``, ``position_ids`` (left-padded) of each row rebuilt as
+    ``raw_prompt`` messages + the decoded valid response as the assistant turn, in the reward model's
+    chat template. Rows longer than ``max_length`` keep their last ``max_length`` tokens (the response)."""
+    if "raw_prompt" not in data.non_tensor_batch:
+        raise KeyError("the reward model has its own tokenizer (reward_model.model.input_tokenizer differs from "
+                       "reward_model.model.path's), so each row is re-encoded from its chat messages, but the batch "
+                       "has no 'raw_prompt' column: set data.return_raw_chat=true")
+    responses, mask = data.batch["responses"].cpu(), data.batch["response_mask"].cpu().bool()
+    rows = []
+    for i in range(len(data)):
+        messages = [dict(m) for m in np.asarray(data.non_tensor_batch["raw_prompt"][i], dtype=object).tolist()]
+        response = src_tokenizer.decode(responses[i][mask[i]].tolist(), skip_special_tokens=True)
+        chat = messages + [{"role": "assistant", "content": response}]
+        text = rm_tokenizer.apply_chat_template(chat, tokenize=False)
+        ids = rm_tokenizer(text, add_special_tokens=False)["input_ids"]
+        rows.append(ids[-max_length:] if max_length else ids)
+    width = max(len(r) for r in rows)
+    pad = rm_tokenizer.pad_token_id if rm_tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, width - len(ids):] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    device = data.batch["responses"].device
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
+            "position_ids": position_ids.to(device)}
+
+
+@torch.no_grad()
+def compute_rm_scores(module, data: DataProto, *, micro_batch_size: int | None, max_token_len: int | None = None,
+                      src_tokenizer=None, rm_tokenizer=None, max_length: int | None = None) -> torch.Tensor:
+    """``rm_scores`` (B, R) for ``data`` (re-encoded first when both tokenizers are given)."""
+    module.eval()
+    response_mask = data.batch.get("response_mask")
+    if response_mask is None:
+        response_mask = data.batch["attention_mask"][:, -data.batch["responses"].shape[-1]:]
+        data.batch["response_mask"] = response_mask
+    if src_tokenizer is not None and rm_tokenizer is not None:
+        inputs = DataProto(batch=retokenize_for_reward_model(data, src_tokenizer, rm_tokenizer, max_length))
+    else:
+        inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=[])
+    scores = [sequence_scores(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"])
+              for m in split_micro_batches(inputs, micro_batch_size, max_token_len)]
+    return place_scores(torch.cat(scores), response_mask)
