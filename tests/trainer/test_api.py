@@ -341,7 +341,7 @@ def test_typo_in_extra_or_overrides_gets_did_you_mean():
         PPOTrainer(overrides=["trainer.total_epoch=3"])
     # A field a model group lacks: the actor's fsdp_config lives in ActorConfig.
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.fsdp_config.dtype: unknown key .*; "
-                                          r"did you mean actor_rollout_ref.actor.fsdp_config.dtype\?"):
+                                          r"did you mean actor_rollout_ref\.(actor|ref)\.fsdp_config\.dtype\?"):
         build_ppo_config(actor_rollout_ref=ActorRolloutRefConfig(model=ModelConfig(fsdp_config=FSDPConfig(dtype="fp32"))))
 
 

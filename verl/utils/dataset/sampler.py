@@ -78,6 +78,9 @@ class StatefulDataLoader(DataLoader):
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, sampler: ResumableSampler, **kwargs):
+        # Its own generator: a plain DataLoader draws a seed from the global torch RNG at every pass,
+        # which would shift the sampling of everything else in the process after a resume.
+        kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed))
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
         self._pass_start: dict | None = None
         self._batches_consumed = 0

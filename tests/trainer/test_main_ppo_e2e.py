@@ -1,0 +1,224 @@
+"""The seed article's GSM8K command line, scaled down to a tiny model, run end to end on CPU.
+
+Only the model path, the data paths, the batch sizes and the lengths differ from the article's
+command, plus ``trainer.device=cpu`` (``trainer.n_gpus_per_node`` then counts worker processes).
+"""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import psutil
+import pytest
+
+from verl.trainer.main_ppo import main
+
+pytestmark = pytest.mark.slow
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Every step must log these (issue #3's list), present and finite.
+STEP_METRICS = [
+    "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
+    "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",
+    "critic/returns/mean", "response_length/mean", "response_length/max", "response_length/min",
+    "response_length/clip_ratio", "prompt_length/mean", "prompt_length/clip_ratio",
+    "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
+    "timing_s/step", "timing_per_token_ms/gen", "timing_per_token_ms/update_actor",
+    "perf/total_num_tokens", "perf/time_per_step", "perf/throughput", "perf/max_memory_allocated_gb",
+    "perf/cpu_memory_used_gb", "training/global_step", "training/epoch",
+]
+CRITIC_METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
+                  "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic"]
+KL_IN_REWARD_METRICS = ["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff", "timing_s/ref"]
+KL_LOSS_METRICS = ["actor/kl_loss", "actor/kl_coef", "timing_s/ref"]
+
+
+@pytest.fixture(scope="module")
+def gsm8k_setup(tmp_path_factory):
+    """The bundled GSM8K-format sample preprocessed by the real script, and a tiny Qwen2 model whose
+    tokenizer was trained on those prompts (so they fit in 96 tokens)."""
+    from verl.utils.tiny_model import build_tiny_causal_lm, build_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("e2e")
+    data = root / "gsm8k"
+    subprocess.run([sys.executable, os.path.join(REPO, "examples/data_preprocess/gsm8k.py"), "--local_dataset_path",
+                    os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k"), "--local_dir", str(data)],
+                   check=True, capture_output=True)
+    prompts = [row[0]["content"] for row in pd.read_parquet(data / "train.parquet")["prompt"]]
+    tokenizer = build_tiny_tokenizer(str(root / "tokenizer"), corpus=prompts + ["#### 72 The answer is"])
+    model = build_tiny_causal_lm(str(root / "model"), tokenizer, arch="qwen2")
+    return {"root": root, "train": str(data / "train.parquet"), "test": str(data / "test.parquet"), "model": model}
+
+
+def article_command(setup, run_dir, *extra):
+    """The article's command (section 3.3), scaled: same keys, small numbers, CPU workers."""
+    model = setup["model"]
+    return [
+        f"data.train_files={setup['train']}",
+        f"data.val_files={setup['test']}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=96",
+        "data.max_response_length=12",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "critic.optim.lr=1e-3",
+        f"critic.model.path={model}",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+        "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.logger=['console','file']",
+        "trainer.val_before_train=False",
+        "trainer.n_gpus_per_node=2",
+        "trainer.nnodes=1",
+        "trainer.save_freq=1",
+        "trainer.test_freq=2",
+        "trainer.total_epochs=15",
+        # scaled-down run
+        "trainer.total_training_steps=2",
+        "trainer.device=cpu",
+        f"trainer.default_local_dir={run_dir}/checkpoints",
+        "trainer.project_name=e2e",
+        "trainer.experiment_name=" + os.path.basename(run_dir),
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "critic.model.fsdp_config.dtype=float32",
+        *extra,
+    ]
+
+
+PPO = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True"]
+GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.01", "actor_rollout_ref.actor.kl_loss_type=low_var_kl"]
+
+# A random tiny model never writes "#### <answer>", so GSM8K's rule scores every response 0 and every
+# GRPO advantage would be 0. This custom reward (loaded the way users load theirs) varies per response.
+VARIED_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return len(set(solution_str)) / 10.0
+"""
+
+
+@pytest.fixture(scope="module")
+def varied_reward(tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward") / "varied_reward.py"
+    path.write_text(VARIED_REWARD)
+    return [f"custom_reward_function.path={path}", "custom_reward_function.name=compute_score"]
+
+
+def run(setup, tmp_path, name, *extra, monkeypatch):
+    run_dir = tmp_path / name
+    metrics_file = run_dir / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_file))
+    assert main(article_command(setup, str(run_dir), *extra)) == 0
+    with open(metrics_file) as f:
+        return run_dir, [json.loads(line) for line in f]
+
+
+def assert_step_metrics(records, expected_keys):
+    steps = [r["step"] for r in records]
+    assert steps == [1, 2]
+    for record in records:
+        data = record["data"]
+        missing = [k for k in expected_keys if k not in data]
+        assert not missing, f"step {record['step']} lacks {missing}"
+        bad = {k: data[k] for k in expected_keys if not math.isfinite(data[k])}
+        assert not bad, f"step {record['step']} has non-finite {bad}"
+    # validation ran on the last step (test_freq=2)
+    assert any(k.startswith("val-core/openai/gsm8k/") for k in records[-1]["data"])
+
+
+def assert_checkpoints(run_dir, with_critic):
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    for step in (1, 2):
+        folder = ckpt / f"global_step_{step}"
+        assert (folder / "actor" / "model_world_size_2_rank_1.pt").is_file()
+        assert (folder / "data.pt").is_file()
+        assert (folder / "critic").is_dir() == with_critic
+
+
+def learning_metrics(record):
+    """The metrics a resumed run must reproduce exactly (not timings or throughput)."""
+    return {k: v for k, v in record["data"].items()
+            if k.split("/")[0] in ("actor", "critic", "response_length", "prompt_length", "val-core")}
+
+
+def assert_resume_matches(setup, tmp_path, name, run_dir, records, extra, monkeypatch):
+    """Resume from step 1's checkpoint: step 2 must reproduce the uninterrupted run's step 2."""
+    _, resumed = run(setup, tmp_path, name, *extra, "trainer.resume_mode=resume_path",
+                     f"trainer.resume_from_path={run_dir}/checkpoints/global_step_1", monkeypatch=monkeypatch)
+    assert [r["step"] for r in resumed] == [2]
+    expected, got = learning_metrics(records[1]), learning_metrics(resumed[0])
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+
+
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_ppo_with_critic_reference_and_kl_in_reward(backend, gsm8k_setup, tmp_path, monkeypatch, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    extra = [*PPO, f"trainer.backend={backend}"]
+    if backend == "local":
+        extra.append("trainer.n_gpus_per_node=1")
+    run_dir, records = run(gsm8k_setup, tmp_path, f"ppo_{backend}", *extra, monkeypatch=monkeypatch)
+    assert_step_metrics(records, STEP_METRICS + CRITIC_METRICS + KL_IN_REWARD_METRICS)
+    if backend == "ray":
+        assert_checkpoints(run_dir, with_critic=True)
+        assert_resume_matches(gsm8k_setup, tmp_path, f"ppo_{backend}_resumed", run_dir, records, extra, monkeypatch)
+
+
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_grpo_with_kl_loss(backend, gsm8k_setup, varied_reward, tmp_path, monkeypatch, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    extra = [*GRPO, *varied_reward, f"trainer.backend={backend}"]
+    if backend == "local":
+        extra.append("trainer.n_gpus_per_node=1")
+    run_dir, records = run(gsm8k_setup, tmp_path, f"grpo_{backend}", *extra, monkeypatch=monkeypatch)
+    assert_step_metrics(records, STEP_METRICS + KL_LOSS_METRICS)
+    assert not any(k.startswith("critic/vf_") for k in records[0]["data"])
+    assert all(r["data"]["critic/advantages/max"] > 0 for r in records)  # the policy gradient is not trivially 0
+    if backend == "local":
+        assert_resume_matches(gsm8k_setup, tmp_path, "grpo_local_resumed", run_dir, records, extra, monkeypatch)
+
+
+def test_a_killed_worker_stops_the_run_with_a_clear_error(gsm8k_setup, tmp_path):
+    """SIGKILL one worker process mid-run: the CLI names the role and rank and exits non-zero fast."""
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
+           *article_command(gsm8k_setup, str(run_dir), *GRPO, "trainer.total_training_steps=50",
+                            "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.logger=['console']")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    output = []
+    try:
+        # wait for the first step line: the workers are up and training
+        for line in proc.stdout:
+            output.append(line)
+            if line.startswith("step:1 "):
+                break
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "WorkerDict" in " ".join(p.cmdline())]
+        assert len(workers) == 2, "".join(output)
+        killed_at = time.monotonic()
+        workers[1].send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(output) + rest
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert "Training stopped" in text and "actor_rollout" in text and "rank" in text, text[-3000:]

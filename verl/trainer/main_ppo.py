@@ -1,0 +1,71 @@
+"""``python3 -m verl.trainer.main_ppo key=value ...``: PPO, GRPO and friends from the command line.
+
+The command line is composed onto ``verl/trainer/config/ppo_trainer.yaml`` (Hydra override syntax)
+and the whole config is validated before anything heavy starts. Then this process becomes the
+driver: it reads the data, builds the reward functions, starts the workers (Ray, started here if no
+cluster is running, or in this process with ``trainer.backend=local``) and runs the PPO loop.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import OmegaConf
+
+from verl.trainer.config_validation import ConfigError, compose_ppo_config, validate_config
+from verl.utils.logging_utils import configure_logging
+
+
+def _dataset(files, tokenizer, data_config, max_samples: int, shuffle: bool):
+    from verl.utils.dataset import RLHFDataset
+
+    config = {**OmegaConf.to_container(data_config, resolve=True), "max_samples": max_samples, "shuffle": shuffle}
+    return RLHFDataset(files, tokenizer, config)
+
+
+def run_ppo(config) -> dict:
+    """Run a validated config to the end; returns the last step's metrics."""
+    from verl.models import load_tokenizer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    configure_logging()
+    model = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model.get("tokenizer_path") or model.path, trust_remote_code=model.trust_remote_code,
+                               chat_template=model.get("custom_chat_template"))
+    data = config.data
+    train_dataset = _dataset(data.train_files, tokenizer, data, data.train_max_samples, data.shuffle)
+    val_dataset = (_dataset(data.val_files, tokenizer, data, data.val_max_samples, data.validation_shuffle)
+                   if data.val_files else None)
+    reward_kwargs = config.reward_model.get("reward_kwargs")
+    reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if reward_kwargs else {}
+    reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
+    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn)
+    try:
+        trainer.init_workers()
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
+    try:
+        config = compose_ppo_config(sys.argv[1:] if argv is None else argv)
+        validate_config(config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 1
+    from verl.single_controller import WorkerError
+
+    try:
+        run_ppo(config)
+    except WorkerError as e:
+        print(f"\nTraining stopped: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The PPO/GRPO driver: the algorithm's control flow, stage after stage, on one process.
+
+Each training step, as the driver sees it (the stage names are the ``timing_s/<stage>`` metrics):
+
+    prompts --gen--> n responses per prompt --reward--> token_level_scores
+      --old_log_prob--> actor log-probs (+ entropy) --ref--> reference log-probs (when KL is used)
+      --values--> critic values (when a critic is used) --adv--> KL in reward, advantages, returns
+      --update_critic--> --update_actor--> (the rollout reads the actor's weights: nothing to sync)
+      --testing--> every trainer.test_freq steps --save_checkpoint--> every trainer.save_freq steps
+
+Generation, log-probs and updates run in the worker groups (Ray actors, or this process with
+``trainer.backend=local``); rewards, advantages and metrics are computed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from verl.protocol import DataProto
+from verl.trainer.ppo import checkpointing
+from verl.trainer.ppo.core_algos import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_rollout_probs_diff,
+                                           compute_throughput_metrics, compute_timing_metrics, reduce_metrics)
+from verl.trainer.ppo.roles import WorkerGroups, need_critic, need_reference_policy
+from verl.trainer.ppo.validation import dump_generations, validate
+from verl.utils.dataset import collate_fn, create_rl_sampler, make_dataloader
+from verl.utils.debug import simple_timer
+from verl.utils.flops_counter import FlopsCounter
+from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
+from verl.utils.tracking import Tracking
+
+logger = logging.getLogger(__name__)
+
+
+def compute_reward(batch: DataProto, reward_fn) -> tuple[torch.Tensor, dict[str, list]]:
+    """Token-level scores (B, R) and the per-sample extra info the reward function returned."""
+    result = reward_fn(batch, return_dict=True)
+    return result["reward_tensor"], result.get("reward_extra_info", {})
+
+
+class RayPPOTrainer:
+    """Runs ``fit()``: the PPO loop over the training set, with validation and checkpoints.
+
+    Args:
+        config: the whole validated config (``compose_ppo_config`` + ``validate_config``).
+        tokenizer: the policy's tokenizer (used for nothing heavier than metadata here).
+        train_dataset / val_dataset: ``RLHFDataset``s; no validation when ``val_dataset`` is None.
+        reward_fn / val_reward_fn: reward managers (``load_reward_manager``).
+    """
+
+    def __init__(self, config, tokenizer, train_dataset, val_dataset=None, reward_fn=None, val_reward_fn=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.use_critic = need_critic(config)
+        self.use_reference_policy = need_reference_policy(config)
+        self.use_rm = bool(config.reward_model.enable)
+        algorithm = config.algorithm
+        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl) if algorithm.use_kl_in_reward else None
+
+        data = config.data
+        self.train_sampler = create_rl_sampler(data, train_dataset)
+        self.train_dataloader = make_dataloader(train_dataset, batch_size=data.train_batch_size,
+                                                sampler=self.train_sampler, drop_last=True, collate_fn=collate_fn)
+        if len(self.train_dataloader) == 0:
+            raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than "
+                             f"data.train_batch_size={data.train_batch_size}; lower data.train_batch_size")
+        steps = config.trainer.total_training_steps
+        self.total_training_steps = int(steps) if steps else len(self.train_dataloader) * config.trainer.total_epochs
+        with open_dict(config):  # the workers' LR schedules need the run's length
+            config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
+            config.critic.optim.total_training_steps = self.total_training_steps
+        self.n_devices = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        self.checkpoint_root = os.path.abspath(config.trainer.default_local_dir)
+        self.global_steps = 0
+        self.workers: WorkerGroups | None = None
+        self.flops_counter = None
+
+    # ------------------------------------------------------------------ workers
+    def init_workers(self) -> None:
+        """Start the worker groups (Ray actors or in-process) and load every model."""
+        self.workers = WorkerGroups.create(self.config, use_critic=self.use_critic, use_rm=self.use_rm,
+                                           use_reference_policy=self.use_reference_policy)
+        try:
+            from verl.models.loader import load_hf_config
+
+            model = self.config.actor_rollout_ref.model
+            self.flops_counter = FlopsCounter(load_hf_config(model.path, trust_remote_code=model.trust_remote_code))
+        except Exception as e:  # MFU is a report, never a reason to stop training
+            logger.warning("perf/mfu/actor will read 0: could not read the model config (%s)", e)
+
+    def shutdown(self) -> None:
+        if self.workers is not None:
+            self.workers.shutdown()
+            self.workers = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self) -> None:
+        path = checkpointing.step_dir(self.checkpoint_root, self.global_steps)
+        self.workers.actor_rollout.save_checkpoint(os.path.join(path, "actor"), self.global_steps)
+        if self.use_critic:
+            self.workers.critic.save_checkpoint(os.path.join(path, "critic"), self.global_steps)
+        checkpointing.save_driver_state(path, {
+            "global_step": self.global_steps,
+            "dataloader": self.train_dataloader.state_dict(),
+            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+        })
+        checkpointing.mark_complete(self.checkpoint_root, self.global_steps)
+        trainer = self.config.trainer
+        checkpointing.rotate(self.checkpoint_root, "actor", trainer.max_actor_ckpt_to_keep)
+        checkpointing.rotate(self.checkpoint_root, "critic", trainer.max_critic_ckpt_to_keep)
+
+    def _load_checkpoint(self) -> None:
+        path = checkpointing.resume_checkpoint(self.config.trainer)
+        if path is None:
+            return
+        path = os.path.abspath(path)
+        logger.warning("resuming from %s", path)
+        self.workers.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            self.workers.critic.load_checkpoint(os.path.join(path, "critic"))
+        state = checkpointing.load_driver_state(path)
+        self.train_dataloader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = state["kl_coef"]
+        self.global_steps = checkpointing.step_of(path)
+
+    # ------------------------------------------------------------------ one step's pieces
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+        """Reorder the batch so that each data-parallel rank gets a similar number of tokens."""
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        world = self.workers.actor_rollout.world_size
+        if len(seqlens) % world:
+            return
+        partitions = balance_batch_partitions(seqlens, world)
+        batch.reorder(torch.tensor([i for part in partitions for i in part]))
+        metrics.update(log_seqlen_unbalance(seqlens, partitions))
+
+    def _reward_baselines(self, batch: DataProto, n: int) -> torch.Tensor:
+        """ReMax: the reward of one greedy response per prompt, repeated for its n samples."""
+        greedy = batch.select(deepcopy=True)
+        greedy.meta_info.update({"do_sample": False, "n": 1})
+        greedy = self.workers.actor_rollout.generate_sequences(greedy)
+        scores, _ = compute_reward(greedy, self.reward_fn)
+        return scores.sum(-1).repeat_interleave(n)
+
+    def _compute_advantage(self, batch: DataProto, scores: torch.Tensor, metrics: dict) -> None:
+        algorithm = self.config.algorithm
+        batch.batch["token_level_scores"] = scores
+        if self.kl_ctrl is not None:
+            rewards, kl_metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                                                   batch.batch["response_mask"], self.kl_ctrl, algorithm.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            rewards = scores
+        batch.batch["token_level_rewards"] = rewards
+        advantages, returns = compute_advantage(
+            algorithm.adv_estimator, token_level_rewards=rewards, response_mask=batch.batch["response_mask"],
+            index=batch.non_tensor_batch["uid"], values=batch.batch.get("values"),
+            reward_baselines=batch.batch.get("reward_baselines"), gamma=algorithm.gamma, lam=algorithm.lam,
+            norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo, config=algorithm)
+        batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+
+    def _mfu(self, batch: DataProto, timing_raw: dict) -> dict:
+        if self.flops_counter is None or timing_raw.get("update_actor", 0) <= 0:
+            return {"perf/mfu/actor": 0.0}
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        achieved, promised = self.flops_counter.estimate_flops(seqlens, timing_raw["update_actor"])
+        epochs = self.config.actor_rollout_ref.actor.ppo_epochs
+        return {"perf/mfu/actor": achieved * epochs / promised / self.workers.actor_rollout.world_size}
+
+    def train_step(self, batch_dict: dict) -> dict:
+        """One PPO step on one batch of prompts; returns the step's metrics."""
+        config, groups = self.config, self.workers
+        rollout = config.actor_rollout_ref.rollout
+        metrics: dict = {}
+        timing_raw: dict = {}
+        with simple_timer("step", timing_raw):
+            prompts = DataProto.from_single_dict(batch_dict, meta_info={"global_steps": self.global_steps})
+            prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))],
+                                                       dtype=object)
+            with simple_timer("gen", timing_raw):
+                batch = groups.actor_rollout.generate_sequences(prompts)
+            if config.algorithm.adv_estimator == "remax":
+                with simple_timer("gen_max", timing_raw):
+                    batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
+            if config.trainer.balance_batch:
+                self._balance_batch(batch, metrics)
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            batch.meta_info["temperature"] = rollout.temperature
+
+            with simple_timer("reward", timing_raw):
+                if self.use_rm:
+                    batch = batch.union(groups.rm.compute_rm_score(batch))
+                scores, extra_info = compute_reward(batch, self.reward_fn)
+                batch.non_tensor_batch.update({k: np.asarray(v, dtype=object) for k, v in extra_info.items()})
+            with simple_timer("old_log_prob", timing_raw):
+                old = groups.actor_rollout.compute_log_prob(batch)
+                entropys = old.batch.pop("entropys")
+                metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"],
+                                                    config.actor_rollout_ref.actor.loss_agg_mode).item()
+                batch = batch.union(old)
+                if "rollout_log_probs" in batch.batch:
+                    metrics.update(compute_rollout_probs_diff(batch.batch["rollout_log_probs"],
+                                                              batch.batch["old_log_probs"],
+                                                              batch.batch["response_mask"]))
+            if self.use_reference_policy:
+                with simple_timer("ref", timing_raw):
+                    batch = batch.union(groups.actor_rollout.compute_ref_log_prob(batch))
+            if self.use_critic:
+                with simple_timer("values", timing_raw):
+                    batch = batch.union(groups.critic.compute_values(batch))
+            with simple_timer("adv", timing_raw):
+                self._compute_advantage(batch, scores, metrics)
+
+            if self.use_critic:
+                with simple_timer("update_critic", timing_raw):
+                    metrics.update(reduce_metrics(groups.critic.update_critic(batch).meta_info["metrics"]))
+            if config.trainer.critic_warmup <= self.global_steps:
+                with simple_timer("update_actor", timing_raw):
+                    metrics.update(reduce_metrics(groups.actor_rollout.update_actor(batch).meta_info["metrics"]))
+
+            if config.trainer.rollout_data_dir:
+                dump_generations(self.tokenizer, batch, scores.sum(-1), self.global_steps,
+                                 config.trainer.rollout_data_dir)
+            is_last_step = self.global_steps >= self.total_training_steps
+            test_freq = config.trainer.test_freq
+            if self.val_dataset is not None and test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0):
+                with simple_timer("testing", timing_raw):
+                    metrics.update(self._validate())
+            save_freq = config.trainer.save_freq
+            if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
+                with simple_timer("save_checkpoint", timing_raw):
+                    self._save_checkpoint()
+
+        metrics.update({"training/global_step": self.global_steps, "training/epoch": self.train_sampler.epoch})
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing_raw))
+        metrics.update(compute_throughput_metrics(batch, timing_raw, n_gpus=self.n_devices))
+        metrics.update(self._mfu(batch, timing_raw))
+        return metrics
+
+    def _validate(self) -> dict:
+        return validate(self.config, self.workers.actor_rollout, self.val_dataset, self.val_reward_fn,
+                        self.tokenizer, self.global_steps)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        """Train for ``total_training_steps`` steps; returns the last step's metrics."""
+        trainer = self.config.trainer
+        tracker = Tracking(trainer.project_name, trainer.experiment_name, default_backend=trainer.logger,
+                           config=OmegaConf.to_container(self.config, resolve=True),
+                           total_steps=self.total_training_steps)
+        last_metrics: dict = {}
+        try:
+            self._load_checkpoint()
+            if self.val_dataset is not None and trainer.val_before_train:
+                val_metrics = self._validate()
+                tracker.log(val_metrics, step=self.global_steps)
+                last_metrics = val_metrics
+                if trainer.val_only:
+                    return val_metrics
+            while self.global_steps < self.total_training_steps:
+                for batch_dict in self.train_dataloader:
+                    self.global_steps += 1
+                    last_metrics = self.train_step(batch_dict)
+                    tracker.log(last_metrics, step=self.global_steps)
+                    if self.global_steps >= self.total_training_steps:
+                        break
+        finally:
+            tracker.finish()
+        return last_metrics
