@@ -164,11 +164,36 @@ def assert_resume_matches(setup, tmp_path, name, run_dir, records, extra, monkey
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
 
 
+def assert_export_matches_training(step_dir, tmp_path):
+    """The model merger turns the 2-rank actor shards into a Hugging Face folder whose weights and
+    logits equal the full model the live FSDP actor gathered at save time (huggingface/, hf_model)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+    actor = step_dir / "actor"
+    merger = [sys.executable, "-m", "verl.model_merger"]
+    subprocess.run([*merger, "test", "--backend", "fsdp", "--local_dir", str(actor),
+                    "--test_hf_dir", str(actor / "huggingface")], check=True, capture_output=True)
+    target = tmp_path / "exported_actor"
+    subprocess.run([*merger, "merge", "--backend", "fsdp", "--local_dir", str(actor), "--target_dir", str(target)],
+                   check=True, capture_output=True)
+    exported = AutoModelForCausalLM.from_pretrained(target)
+    gathered = AutoModelForCausalLM.from_pretrained(actor / "huggingface")
+    ids = AutoTokenizer.from_pretrained(target)("#### 72 The answer is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(exported(ids).logits, gathered(ids).logits)
+    critic_target = tmp_path / "exported_critic"
+    subprocess.run([*merger, "merge", "--backend", "fsdp", "--local_dir", str(step_dir / "critic"),
+                    "--target_dir", str(critic_target)], check=True, capture_output=True)
+    assert AutoModelForTokenClassification.from_pretrained(critic_target).config.num_labels == 1
+
+
 @pytest.mark.parametrize("backend", ["ray", "local"])
 def test_ppo_with_critic_reference_and_kl_in_reward(backend, gsm8k_setup, tmp_path, monkeypatch, request):
     if backend == "ray":
         request.getfixturevalue("ray_session")
-    extra = [*PPO, f"trainer.backend={backend}"]
+    extra = [*PPO, f"trainer.backend={backend}",
+             "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
     if backend == "local":
         extra.append("trainer.n_gpus_per_node=1")
     run_dir, records = run(gsm8k_setup, tmp_path, f"ppo_{backend}", *extra, monkeypatch=monkeypatch)
@@ -176,6 +201,7 @@ def test_ppo_with_critic_reference_and_kl_in_reward(backend, gsm8k_setup, tmp_pa
     if backend == "ray":
         assert_checkpoints(run_dir, with_critic=True)
         assert_resume_matches(gsm8k_setup, tmp_path, f"ppo_{backend}_resumed", run_dir, records, extra, monkeypatch)
+        assert_export_matches_training(run_dir / "checkpoints" / "global_step_2", tmp_path)
 
 
 @pytest.mark.parametrize("backend", ["ray", "local"])
