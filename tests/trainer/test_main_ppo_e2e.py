@@ -248,3 +248,26 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(gsm8k_setup, tmp_path)
     assert proc.returncode != 0
     assert elapsed < 60
     assert "Training stopped" in text and "actor_rollout" in text and "rank" in text, text[-3000:]
+
+
+def test_local_backend_reproduces_the_ray_backend(gsm8k_setup, varied_reward, tmp_path, monkeypatch, ray_session):
+    """One worker in this process or one Ray actor: the same seed gives the same step."""
+    one_step = [*GRPO, *varied_reward, "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
+                "trainer.save_freq=-1", "trainer.test_freq=-1"]
+    _, on_ray = run(gsm8k_setup, tmp_path, "same_ray", *one_step, "trainer.backend=ray", monkeypatch=monkeypatch)
+    _, local = run(gsm8k_setup, tmp_path, "same_local", *one_step, "trainer.backend=local", monkeypatch=monkeypatch)
+    expected, got = learning_metrics(on_ray[0]), learning_metrics(local[0])
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+
+
+def test_the_critic_can_have_devices_of_its_own(gsm8k_setup, tmp_path, monkeypatch, ray_session):
+    """Role-to-pool mapping: two actor workers share one pool, the critic gets one worker of its own."""
+    _, records = run(gsm8k_setup, tmp_path, "critic_pool", *PPO, "trainer.total_training_steps=1",
+                     "trainer.save_freq=-1", "trainer.test_freq=-1", "critic.enable_resource_pool=true",
+                     "critic.n_gpus_per_node=1", "critic.nnodes=1", monkeypatch=monkeypatch)
+    data = records[0]["data"]
+    assert all(math.isfinite(data[k]) for k in CRITIC_METRICS)
+    # throughput counts the devices of every pool: 2 for the actor + 1 for the critic
+    assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 3)

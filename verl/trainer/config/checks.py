@@ -149,6 +149,19 @@ class Run:
     def uses_reward_model(self) -> bool:
         return bool(self.get("reward_model.enable"))
 
+    def own_pool(self, section: str) -> bool:
+        """Whether ``section`` (critic, reward_model) runs on devices of its own."""
+        return bool(self.get(f"{section}.enable_resource_pool"))
+
+    def devices_for(self, section: str) -> tuple[int | None, str]:
+        """(devices, how they were counted) of the pool the role of ``section`` runs on."""
+        if section != ACTOR and self.own_pool(section):
+            per_node, nodes = self.get(f"{section}.n_gpus_per_node"), self.get(f"{section}.nnodes")
+            if _positive_int(per_node) and _positive_int(nodes):
+                return per_node * nodes, f"{section}.n_gpus_per_node={per_node} x {section}.nnodes={nodes}"
+            return None, ""
+        return self.n_devices, self.n_devices_source
+
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
@@ -407,6 +420,12 @@ def check_sampling(run: Run) -> Iterator[Issue]:
 
 def check_combinations(run: Run) -> Iterator[Issue]:
     """Options that only make sense together with another setting."""
+    for section in ("critic", "reward_model"):
+        if run.own_pool(section):
+            for key in (f"{section}.n_gpus_per_node", f"{section}.nnodes"):
+                if not _positive_int(run.get(key)):
+                    yield error(key, f"must be a positive integer when {section}.enable_resource_pool=true (it sizes "
+                                     f"the {section}'s own devices), got {_format(run.get(key))}")
     if run.get("reward_model.overlong_buffer.enable") and run.get("reward_model.reward_manager") != "dapo":
         yield warn("reward_model.overlong_buffer.enable", "is only read by the dapo reward manager, so no length "
                                                           "penalty is applied. Set reward_model.reward_manager=dapo")
@@ -489,17 +508,17 @@ def check_batch_sizes(run: Run) -> Iterator[Issue]:
 
 
 def _check_role_batches(run: Run, section: str, dynamic_key: str, train: int, n: int) -> Iterator[Issue]:
-    devices, source = run.n_devices, run.n_devices_source
+    devices, source = run.devices_for(section)
     mini_key, sp_key = f"{section}.ppo_mini_batch_size", f"{section}.ulysses_sequence_parallel_size"
     mini, sp = run.get(mini_key), run.get(sp_key, 1)
-    if not (_positive_int(mini) and _positive_int(sp)):
+    if not (_positive_int(devices) and _positive_int(mini) and _positive_int(sp)):
         return
     if devices % sp:
         yield error(sp_key, f"({sp}) must divide the number of devices ({devices}, {source})")
         return
     dp = devices // sp
     # The critic's mini batch follows the actor's by default: a shared problem is reported once.
-    shared = section != ACTOR and mini == run.get(f"{ACTOR}.ppo_mini_batch_size")
+    shared = section != ACTOR and mini == run.get(f"{ACTOR}.ppo_mini_batch_size") and not run.own_pool(section)
     if mini > train or (mini * n) % dp:
         actor_sp = run.get(f"{ACTOR}.ulysses_sequence_parallel_size")
         if shared and (mini > train or sp == actor_sp):

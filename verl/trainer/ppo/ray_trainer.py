@@ -27,7 +27,7 @@ from verl.trainer.ppo import checkpointing
 from verl.trainer.ppo.core_algos import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_rollout_probs_diff,
                                            compute_throughput_metrics, compute_timing_metrics, reduce_metrics)
-from verl.trainer.ppo.roles import WorkerGroups, need_critic, need_reference_policy
+from verl.trainer.ppo.roles import WorkerGroups, need_critic, need_reference_policy, total_devices
 from verl.trainer.ppo.validation import dump_generations, validate
 from verl.utils.dataset import collate_fn, create_rl_sampler, make_dataloader
 from verl.utils.debug import simple_timer
@@ -77,7 +77,7 @@ class RayPPOTrainer:
         with open_dict(config):  # the workers' LR schedules need the run's length
             config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
             config.critic.optim.total_training_steps = self.total_training_steps
-        self.n_devices = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        self.n_devices = total_devices(config, use_critic=self.use_critic, use_rm=self.use_rm)
         self.checkpoint_root = os.path.abspath(config.trainer.default_local_dir)
         self.global_steps = 0
         self.workers: WorkerGroups | None = None

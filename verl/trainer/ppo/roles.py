@@ -1,13 +1,14 @@
 """Which roles a run needs, and the worker groups that play them.
 
-All roles share one resource pool: one worker process per device (``trainer.n_gpus_per_node`` x
-``trainer.nnodes``) holds the actor, the rollout and the reference policy, and the critic and the
-reward model when they are used, so they time-share the device (verl's "hybrid engine").
+By default all roles share one resource pool: one worker process per device
+(``trainer.n_gpus_per_node`` x ``trainer.nnodes``) holds the actor, the rollout and the reference
+policy, and the critic and the reward model when they are used, so they time-share the device
+(verl's "hybrid engine"). The critic or the reward model can get a pool of their own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verl.single_controller import ClassWithInitArgs
 
@@ -23,11 +24,36 @@ def need_reference_policy(config) -> bool:
     return bool(config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss)
 
 
+def pool_layout(config, *, use_critic: bool, use_rm: bool) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The resource pools (name -> devices on each node) and the pool of each role.
+
+    Every role shares ``global_pool`` unless ``critic.enable_resource_pool`` or
+    ``reward_model.enable_resource_pool`` gives it devices of its own.
+    """
+    trainer = config.trainer
+    pools = {"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes}
+    mapping = {"actor_rollout": "global_pool"}
+    for role, section, used in (("critic", config.critic, use_critic), ("rm", config.reward_model, use_rm)):
+        if not used:
+            continue
+        mapping[role] = "global_pool"
+        if section.get("enable_resource_pool"):
+            mapping[role] = f"{role}_pool"
+            pools[f"{role}_pool"] = [section.n_gpus_per_node] * section.nnodes
+    return pools, mapping
+
+
+def total_devices(config, *, use_critic: bool, use_rm: bool) -> int:
+    pools, _ = pool_layout(config, use_critic=use_critic, use_rm=use_rm)
+    return sum(sum(layout) for layout in pools.values())
+
+
 @dataclass
 class WorkerGroups:
     actor_rollout: object
     critic: object | None = None
     rm: object | None = None
+    hosts: list = field(default_factory=list)  # one group per pool: stopping it stops the pool's processes
 
     @classmethod
     def create(cls, config, *, use_critic: bool, use_rm: bool, use_reference_policy: bool) -> "WorkerGroups":
@@ -40,19 +66,29 @@ class WorkerGroups:
                                                 rollout_n=config.actor_rollout_ref.rollout.n)
         if use_rm:
             roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=config.reward_model)
+        pools, mapping = pool_layout(config, use_critic=use_critic, use_rm=use_rm)
         trainer = config.trainer
         if trainer.backend == "local":
             from verl.single_controller.local import create_colocated_worker_groups
 
-            groups = create_colocated_worker_groups(None, roles, device=trainer.device)
+            def make_pool(name, layout):
+                return None  # the local backend has one process: every pool is this process
         else:
             from verl.single_controller.ray import ResourcePool, create_colocated_worker_groups, init_ray
 
             init_ray(config.ray_kwargs, device=trainer.device)
-            pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda",
-                                name="global_pool")
-            groups = create_colocated_worker_groups(pool, roles, device=trainer.device)
-        workers = cls(actor_rollout=groups["actor_rollout"], critic=groups.get("critic"), rm=groups.get("rm"))
+
+            def make_pool(name, layout):
+                return ResourcePool(layout, use_gpu=trainer.device == "cuda", name=name)
+
+        groups, hosts = {}, []
+        for pool_name, layout in pools.items():
+            pool_roles = {r: c for r, c in roles.items() if mapping[r] == pool_name}
+            made = create_colocated_worker_groups(make_pool(pool_name, layout), pool_roles, device=trainer.device)
+            groups.update(made)
+            hosts.append(next(iter(made.values())))
+        workers = cls(actor_rollout=groups["actor_rollout"], critic=groups.get("critic"), rm=groups.get("rm"),
+                      hosts=hosts)
         try:
             # The critic and the reward model load first, the actor last (it needs the most memory).
             for group in (workers.critic, workers.rm, workers.actor_rollout):
@@ -64,4 +100,5 @@ class WorkerGroups:
         return workers
 
     def shutdown(self) -> None:
-        self.actor_rollout.shutdown()  # colocated roles share their processes: this stops all of them
+        for host in self.hosts:
+            host.shutdown()
