@@ -271,3 +271,25 @@ def test_the_critic_can_have_devices_of_its_own(gsm8k_setup, tmp_path, monkeypat
     assert all(math.isfinite(data[k]) for k in CRITIC_METRICS)
     # throughput counts the devices of every pool: 2 for the actor + 1 for the critic
     assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 3)
+
+
+def test_python_api_fit_runs_the_same_loop(gsm8k_setup, tmp_path, monkeypatch):
+    """The article's Python API: config objects, PPOTrainer(...).fit(), no Ray needed (local backend)."""
+    from verl.trainer import (ActorConfig, ActorRolloutRefConfig, DataConfig, ModelConfig, PPOAlgorithmConfig,
+                              PPOTrainer, RolloutConfig, TrainerConfig)
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "api.jsonl"))
+    trainer = PPOTrainer(
+        data=DataConfig(train_files=gsm8k_setup["train"], train_batch_size=2, max_prompt_length=96,
+                        max_response_length=8),
+        actor_rollout_ref=ActorRolloutRefConfig(
+            model=ModelConfig(path=gsm8k_setup["model"]),
+            actor=ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+            rollout=RolloutConfig(name="hf", n=2, log_prob_micro_batch_size_per_gpu=4)),
+        algorithm=PPOAlgorithmConfig(adv_estimator="grpo"),
+        trainer=TrainerConfig(backend="local", device="cpu", n_gpus_per_node=1, total_training_steps=1,
+                              logger=["console", "file"], default_local_dir=str(tmp_path / "ckpt")),
+    )
+    metrics = trainer.fit()
+    assert metrics["training/global_step"] == 1 and math.isfinite(metrics["actor/pg_loss"])
+    assert json.loads((tmp_path / "api.jsonl").read_text().splitlines()[0])["step"] == 1
