@@ -122,3 +122,28 @@ def build_tiny_causal_lm(save_dir: str, tokenizer_dir: str | None = None, arch: 
     if tokenizer is not None:
         tokenizer.save_pretrained(save_dir)
     return save_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m verl.utils.tiny_model --save_dir DIR [--corpus train.parquet ...]``: a tiny random
+    Qwen2 model and its tokenizer, trained on the prompts of the given parquet files, for CPU runs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m verl.utils.tiny_model", description=main.__doc__)
+    parser.add_argument("--save_dir", required=True)
+    parser.add_argument("--corpus", nargs="*", default=[], help="verl-format parquet files to train the BPE on")
+    parser.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
+    parser.add_argument("--vocab_size", type=int, default=512)
+    args = parser.parse_args(argv)
+    corpus = None
+    if args.corpus:
+        import pandas as pd
+
+        corpus = [m["content"] for f in args.corpus for chat in pd.read_parquet(f)["prompt"] for m in chat]
+    tokenizer_dir = build_tiny_tokenizer(os.path.join(args.save_dir, "tokenizer"), corpus, args.vocab_size)
+    build_tiny_causal_lm(args.save_dir, tokenizer_dir, arch=args.arch)
+    print(f"wrote a tiny {args.arch} model and its tokenizer to {args.save_dir}")
+
+
+if __name__ == "__main__":
+    main()
