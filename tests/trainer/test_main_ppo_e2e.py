@@ -293,3 +293,15 @@ def test_python_api_fit_runs_the_same_loop(gsm8k_setup, tmp_path, monkeypatch):
     metrics = trainer.fit()
     assert metrics["training/global_step"] == 1 and math.isfinite(metrics["actor/pg_loss"])
     assert json.loads((tmp_path / "api.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+@pytest.mark.parametrize("estimator", ["remax", "rloo", "reinforce_plus_plus"])
+def test_other_estimators_run_a_step(estimator, gsm8k_setup, varied_reward, tmp_path, monkeypatch):
+    """ReMax adds the greedy-baseline pass (timing_s/gen_max); the others only change the advantages."""
+    _, records = run(gsm8k_setup, tmp_path, estimator, f"algorithm.adv_estimator={estimator}",
+                     "actor_rollout_ref.rollout.n=2", *varied_reward, "trainer.backend=local",
+                     "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.save_freq=-1",
+                     "trainer.test_freq=-1", monkeypatch=monkeypatch)
+    data = records[0]["data"]
+    assert math.isfinite(data["actor/pg_loss"]) and data["critic/advantages/max"] > 0
+    assert ("timing_s/gen_max" in data) == (estimator == "remax")
