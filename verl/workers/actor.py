@@ -63,6 +63,31 @@ def check_finite(data: DataProto, key: str, stage: str) -> None:
         )
 
 
+def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micro: int | None,
+                     max_token_len: int | None, loss_fn) -> dict[str, list]:
+    """The PPO update loop shared by actor and critic: ``ppo_epochs`` passes over ``data`` in
+    mini-batches of ``mini`` rows (shuffled with ``data_loader_seed`` when ``shuffle``), one optimizer
+    step per mini-batch over its micro-batches. Returns the ``<role>/...`` metrics as lists, with
+    ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step."""
+    if not mini or len(data) % mini:
+        raise ValueError(
+            f"update_{role} got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch ({mini} "
+            f"rows = {role}.ppo_mini_batch_size x rollout.n / world size). Make data.train_batch_size a multiple "
+            f"of {role}.ppo_mini_batch_size.")
+    metrics: dict[str, list] = defaultdict(list)
+    batches = data.make_iterator(mini, epochs=int(config_get(config, "ppo_epochs", 1)),
+                                 shuffle=bool(config_get(config, "shuffle", False)),
+                                 seed=int(config_get(config, "data_loader_seed", 42)))
+    for mini_batch in batches:
+        stats = engine.train_step(split_micro_batches(mini_batch, micro, max_token_len), loss_fn)
+        for key, values in stats.items():
+            if key.startswith(f"{role}/"):
+                metrics[key].extend(values)
+        metrics[f"{role}/grad_norm"].append(stats["grad_norm"])
+        metrics[f"{role}/lr"].append(stats["lr"])
+    return dict(metrics)
+
+
 class DataParallelPPOActor:
     """Log-probs and PPO updates of one model, on this rank's rows.
 
@@ -127,27 +152,9 @@ class DataParallelPPOActor:
             raise KeyError(f"update_actor needs batch keys {missing} (present: {sorted(data.batch)}); "
                            "ref_log_prob comes from compute_ref_log_prob, needed with actor.use_kl_loss=true")
         check_finite(data, "advantages", "update_actor")
-        mini = self.mini_batch_size
-        if not mini or len(data) % mini:
-            raise ValueError(
-                f"update_actor got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch "
-                f"({mini} rows = actor.ppo_mini_batch_size x rollout.n / world size). Make "
-                "data.train_batch_size a multiple of actor.ppo_mini_batch_size.")
-
-        loss_fn = self._make_loss_fn(temperature, mini)
-        metrics: dict[str, list] = defaultdict(list)
-        batches = data.select(batch_keys=required, non_tensor_batch_keys=[]).make_iterator(
-            mini, epochs=int(config_get(config, "ppo_epochs", 1)), shuffle=bool(config_get(config, "shuffle", False)),
-            seed=int(config_get(config, "data_loader_seed", 42)))
-        for mini_batch in batches:
-            micros = split_micro_batches(mini_batch, self.micro_batch_size, self.max_token_len)
-            stats = self.engine.train_step(micros, loss_fn)
-            for key, values in stats.items():
-                if key.startswith("actor/"):
-                    metrics[key].extend(values)
-            metrics["actor/grad_norm"].append(stats["grad_norm"])
-            metrics["actor/lr"].append(stats["lr"])
-        return dict(metrics)
+        loss_fn = self._make_loss_fn(temperature, self.mini_batch_size)
+        return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
+                                "actor", self.mini_batch_size, self.micro_batch_size, self.max_token_len, loss_fn)
 
     def _make_loss_fn(self, temperature: float, mini_rows: int):
         config = self.config

@@ -9,7 +9,6 @@ with ``response_mask``.
 
 from __future__ import annotations
 
-from collections import defaultdict
 
 import torch
 
@@ -18,7 +17,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.config import config_get
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor import check_finite, split_micro_batches
+from verl.workers.actor import check_finite, run_mini_batches, split_micro_batches
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -70,12 +69,6 @@ class DataParallelPPOCritic:
         check_finite(data, "returns", "update_critic")
         check_finite(data, "values", "update_critic")
         mini = self.mini_batch_size
-        if not mini or len(data) % mini:
-            raise ValueError(
-                f"update_critic got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch "
-                f"({mini} rows = critic.ppo_mini_batch_size x rollout.n / world size). Make "
-                "data.train_batch_size a multiple of critic.ppo_mini_batch_size.")
-
         cliprange = float(config_get(config, "cliprange_value", 0.5))
         agg_mode = config_get(config, "loss_agg_mode", "token-mean")
 
@@ -90,16 +83,5 @@ class DataParallelPPOCritic:
                        "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
             return vf_loss * (len(micro) / mini), metrics
 
-        metrics: dict[str, list] = defaultdict(list)
-        batches = data.select(batch_keys=required, non_tensor_batch_keys=[]).make_iterator(
-            mini, epochs=int(config_get(config, "ppo_epochs", 1)), shuffle=bool(config_get(config, "shuffle", False)),
-            seed=int(config_get(config, "data_loader_seed", 42)))
-        for mini_batch in batches:
-            micros = split_micro_batches(mini_batch, self.micro_batch_size, self.max_token_len)
-            stats = self.engine.train_step(micros, loss_fn)
-            for key, values in stats.items():
-                if key.startswith("critic/"):
-                    metrics[key].extend(values)
-            metrics["critic/grad_norm"].append(stats["grad_norm"])
-            metrics["critic/lr"].append(stats["lr"])
-        return dict(metrics)
+        return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
+                                "critic", mini, self.micro_batch_size, self.max_token_len, loss_fn)
