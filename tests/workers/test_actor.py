@@ -1,5 +1,7 @@
 """The workers' pure helpers: micro-batch splitting, batch-size normalisation, data checks, score placement."""
 
+import os
+
 import pytest
 import torch
 
@@ -57,3 +59,19 @@ def test_place_scores_at_the_last_valid_response_token():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
     out = place_scores(torch.tensor([0.5, -2.0, 3.0]), mask)
     assert out.tolist() == [[0, 0, 0.5, 0], [0, 0, 0, -2.0], [3.0, 0, 0, 0]]
+
+
+def _uneven_ranks(rank, out_dir):
+    # rank 0's short rows fit in one part; rank 1's long rows need two
+    data = rows_with_lengths([2, 2, 2, 2] if rank == 0 else [6, 6, 6, 6])
+    parts = split_micro_batches(data, max_token_len=12)
+    torch.save([p.batch["row"].tolist() for p in parts], os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def test_dynamic_micro_batches_have_the_same_count_on_every_rank(tmp_path):
+    """Each micro-batch is an FSDP forward with collectives: ranks must run the same number of them."""
+    from tests.workers.engine.helpers import run_ranks
+
+    run_ranks(_uneven_ranks, 2, tmp_path, str(tmp_path))
+    assert torch.load(tmp_path / "rank1.pt") == [[0, 1], [2, 3]]  # 12 tokens per part
+    assert torch.load(tmp_path / "rank0.pt") == [[0, 1], [2, 3]]  # 8 tokens fit one part: split to match rank 1

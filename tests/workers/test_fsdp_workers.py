@@ -144,13 +144,14 @@ def test_update_actor_moves_log_probs_with_the_advantages(generated):
 
 
 def test_gradient_accumulation_matches_one_micro_batch(base_config, tiny_tokenizer):
-    """token-mean over micro-batches equals token-mean over the mini-batch here because every row has
-    the same number of valid response tokens (RESPONSE): each micro-batch's mean is weighted by its rows."""
+    """Micro-batches of any size give the update of the whole mini-batch. The rows have 6, 1, 3 and 6
+    valid response tokens: token-mean must weight each micro-batch by its tokens, not its rows (a
+    row-weighted sum would give the 1-token row six times the weight of a 6-token row's tokens)."""
     variants = {  # micro-batches of 1 row, of the whole mini-batch (4 rows), and by a token budget:
         "1 row": {"actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 1},
         "4 rows": {"actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 4},
-        "22 tokens": {"actor_rollout_ref__actor__use_dynamic_bsz": True,  # rows hold 9, 11, 11, 11 tokens
-                      "actor_rollout_ref__actor__ppo_max_token_len_per_gpu": 22},
+        "19 tokens": {"actor_rollout_ref__actor__use_dynamic_bsz": True,  # rows hold 9, 6, 8, 11 tokens
+                      "actor_rollout_ref__actor__ppo_max_token_len_per_gpu": 19},
     }
     states = {}
     for name, variant in variants.items():
@@ -160,10 +161,12 @@ def test_gradient_accumulation_matches_one_micro_batch(base_config, tiny_tokeniz
                          actor_rollout_ref__actor__optim__lr=1e-2, **variant)
         group = actor_group(config, role="actor")
         batch = handmade_batch(len(tiny_tokenizer))
+        batch.batch["response_mask"] = (torch.arange(RESPONSE) < torch.tensor([[6], [1], [3], [6]])).long()
+        batch.batch["attention_mask"][:, -RESPONSE:] = batch.batch["response_mask"]
         batch.union(group.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
         batch.batch["advantages"] = torch.randn(4, RESPONSE, generator=torch.Generator().manual_seed(3))
         metrics = group.update_actor(batch).meta_info["metrics"]
-        assert len(metrics["actor/pg_loss"]) == {"1 row": 4, "4 rows": 1, "22 tokens": 2}[name]
+        assert len(metrics["actor/pg_loss"]) == {"1 row": 4, "4 rows": 1, "19 tokens": 2}[name]
         states[name] = group.worker.actor_engine.full_state_dict()
     for name, state in states.items():
         for key, value in state.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 
 from verl.models import forward_logprobs
 from verl.protocol import DataProto
@@ -29,9 +30,12 @@ __all__ = ["DataParallelPPOActor", "check_finite", "split_micro_batches"]
 def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
                         max_token_len: int | None = None) -> list[DataProto]:
     """Consecutive micro-batches of ``data``: ``micro_batch_size`` rows each or, when ``max_token_len``
-    is given (``use_dynamic_bsz``), as many rows as fit in that many real tokens (attention-mask sum;
-    a longer row is a micro-batch of its own). Forwards are padded, so the budget bounds real tokens,
-    not the padded width."""
+    is given (``use_dynamic_bsz``), token-balanced parts of about that many real tokens (attention-mask
+    sum). Forwards are padded, so the budget bounds real tokens, not the padded width.
+
+    With dynamic sizes every rank uses the largest part count of any rank: each micro-batch is an FSDP
+    forward with collectives, so ranks that ran different numbers of them would hang.
+    """
     if max_token_len is None:
         if not micro_batch_size or micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size!r}")
@@ -39,15 +43,39 @@ def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
     if max_token_len <= 0:
         raise ValueError(f"max_token_len must be positive, got {max_token_len}")
     lengths = data.batch["attention_mask"].sum(-1).tolist()
-    parts, start, tokens = [], 0, 0
+    bounds, tokens = [0], 0  # greedy packing: a new part when the next row would overflow the budget
     for i, length in enumerate(lengths):
-        if i > start and tokens + length > max_token_len:
-            parts.append(data.slice(start, i))
-            start, tokens = i, 0
+        if i > bounds[-1] and tokens + length > max_token_len:
+            bounds.append(i)
+            tokens = 0
         tokens += length
-    if start < len(lengths):
-        parts.append(data.slice(start, len(lengths)))
-    return parts
+    bounds.append(len(lengths))
+    parts = [[a, b] for a, b in zip(bounds[:-1], bounds[1:])]
+    # Match the rank with the most parts by splitting this rank's heaviest parts (never over budget).
+    for _ in range(_max_over_ranks(len(parts)) - len(parts)):
+        splittable = [p for p in parts if p[1] - p[0] > 1]
+        a, b = max(splittable, key=lambda p: sum(lengths[p[0]:p[1]]))
+        middle = (a + b) // 2
+        parts[parts.index([a, b]):parts.index([a, b]) + 1] = [[a, middle], [middle, b]]
+    return [data.slice(a, b) for a, b in parts]
+
+
+def _max_over_ranks(value: int) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def _sum_over_ranks(value: float) -> float:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
 
 
 def check_finite(data: DataProto, key: str, stage: str) -> None:
@@ -70,16 +98,31 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
     step per mini-batch over its micro-batches. Returns the ``<role>/...`` metrics as lists, with
     ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step."""
     if not mini or len(data) % mini:
+        section = {"actor": "actor_rollout_ref.actor"}.get(role, role)
         raise ValueError(
             f"update_{role} got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch ({mini} "
-            f"rows = {role}.ppo_mini_batch_size x rollout.n / world size). Make data.train_batch_size a multiple "
-            f"of {role}.ppo_mini_batch_size.")
+            f"rows = {section}.ppo_mini_batch_size x rollout.n / world size). Make data.train_batch_size x "
+            f"rollout.n a multiple of {section}.ppo_mini_batch_size x rollout.n and of the number of devices.")
+    agg_mode = config_get(config, "loss_agg_mode", "token-mean")
+    world = dist.get_world_size() if dist.is_initialized() else 1
     metrics: dict[str, list] = defaultdict(list)
+    # A new shuffle order every training step (and every epoch within it), reproducible from the seed.
+    seed = int(config_get(config, "data_loader_seed", 42)) + int(data.meta_info.get("global_steps", 0))
     batches = data.make_iterator(mini, epochs=int(config_get(config, "ppo_epochs", 1)),
-                                 shuffle=bool(config_get(config, "shuffle", False)),
-                                 seed=int(config_get(config, "data_loader_seed", 42)))
+                                 shuffle=bool(config_get(config, "shuffle", False)), seed=seed)
     for mini_batch in batches:
-        stats = engine.train_step(split_micro_batches(mini_batch, micro, max_token_len), loss_fn)
+        micros = split_micro_batches(mini_batch, micro, max_token_len)
+        # Each micro-batch loss is scaled to its share of the mini-batch, so accumulating them gives the
+        # loss of the whole mini-batch: by tokens over all ranks for token-mean (FSDP then averages over
+        # ranks, hence x world), by rows for the per-sequence modes.
+        if agg_mode == "token-mean":
+            global_tokens = _sum_over_ranks(float(mini_batch.batch["response_mask"].sum()))
+            for m in micros:
+                m.meta_info["loss_scale"] = float(m.batch["response_mask"].sum()) * world / max(global_tokens, 1.0)
+        else:
+            for m in micros:
+                m.meta_info["loss_scale"] = len(m) / mini
+        stats = engine.train_step(micros, loss_fn)
         for key, values in stats.items():
             if key.startswith(f"{role}/"):
                 metrics[key].extend(values)
@@ -152,11 +195,11 @@ class DataParallelPPOActor:
             raise KeyError(f"update_actor needs batch keys {missing} (present: {sorted(data.batch)}); "
                            "ref_log_prob comes from compute_ref_log_prob, needed with actor.use_kl_loss=true")
         check_finite(data, "advantages", "update_actor")
-        loss_fn = self._make_loss_fn(temperature, self.mini_batch_size)
+        loss_fn = self._make_loss_fn(temperature)
         return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
                                 "actor", self.mini_batch_size, self.micro_batch_size, self.max_token_len, loss_fn)
 
-    def _make_loss_fn(self, temperature: float, mini_rows: int):
+    def _make_loss_fn(self, temperature: float):
         config = self.config
         policy_loss_fn = get_policy_loss_fn(config_get(config, "policy_loss.loss_mode", "vanilla"))
         agg_mode = config_get(config, "loss_agg_mode", "token-mean")
@@ -186,6 +229,6 @@ class DataParallelPPOActor:
                 kl = agg_loss(kl_penalty(log_prob, batch["ref_log_prob"], kl_type), mask, agg_mode, scale_factor)
                 loss = loss + kl_coef * kl
                 metrics.update({"actor/kl_loss": kl.item(), "actor/kl_coef": kl_coef})
-            return loss * (len(micro) / mini_rows), metrics
+            return loss * micro.meta_info["loss_scale"], metrics
 
         return loss_fn

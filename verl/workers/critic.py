@@ -81,7 +81,7 @@ class DataParallelPPOCritic:
                                                       cliprange_value=cliprange, loss_agg_mode=agg_mode)
             metrics = {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item(),
                        "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
-            return vf_loss * (len(micro) / mini), metrics
+            return vf_loss * micro.meta_info["loss_scale"], metrics
 
         return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
                                 "critic", mini, self.micro_batch_size, self.max_token_len, loss_fn)
