@@ -1,6 +1,7 @@
 """Command-line overrides -> the composed trainer config, through Hydra's compose API.
 
-Replaces ``@hydra.main``: the entry points call `compose_ppo_config(sys.argv[1:])`. Before composing,
+Replaces ``@hydra.main``: the entry points call `compose_ppo_config(sys.argv[1:])` (PPO) or
+`compose_config(sys.argv[1:], "sft_trainer")` (any other config of this folder). Before composing,
 every override is parsed and every key it changes is looked up in the default config, so that all
 typos are reported together, each with the closest valid key.
 """
@@ -29,7 +30,12 @@ def compose_ppo_config(overrides: Sequence[str] = ()) -> DictConfig:
     (which can list ``ppo_trainer`` in its defaults). Raises `ConfigError` naming every unknown key, with
     the closest valid one, or every malformed override, at once.
     """
-    config_dir, config_name, args = _split_config_flags(list(overrides))
+    return compose_config(overrides, PPO_CONFIG_NAME)
+
+
+def compose_config(overrides: Sequence[str] = (), default_config_name: str = PPO_CONFIG_NAME) -> DictConfig:
+    """`compose_ppo_config` for the trainer whose config is ``<default_config_name>.yaml`` in this folder."""
+    config_dir, config_name, args = _split_config_flags(list(overrides), default_config_name)
     searchpath = _searchpath_overrides(config_dir, config_name, args)
     parsed = _parse_overrides(args)
     known = _known_keys(config_dir, config_name, tuple(searchpath))
@@ -70,15 +76,20 @@ def dotted_keys(node: Any, prefix: str = "") -> Iterator[str]:
 
 def default_ppo_values() -> dict:
     """The resolved defaults of ppo_trainer.yaml, as plain containers (a fresh copy on each call)."""
-    return copy.deepcopy(_default_ppo_values())
+    return default_config_values(PPO_CONFIG_NAME)
 
 
-@functools.lru_cache(maxsize=1)
-def _default_ppo_values() -> dict:
-    return OmegaConf.to_container(_compose(CONFIG_DIR, PPO_CONFIG_NAME, []), resolve=True)
+def default_config_values(config_name: str) -> dict:
+    """The resolved defaults of ``<config_name>.yaml`` in this folder (a fresh copy on each call)."""
+    return copy.deepcopy(_default_values(config_name))
 
 
-def _split_config_flags(args: list[str]) -> tuple[str, str, list[str]]:
+@functools.lru_cache(maxsize=4)
+def _default_values(config_name: str) -> dict:
+    return OmegaConf.to_container(_compose(CONFIG_DIR, config_name, []), resolve=True)
+
+
+def _split_config_flags(args: list[str], default_name: str) -> tuple[str, str, list[str]]:
     """Take ``--config-path``/``--config-name`` (``=value`` or a separate value) out of the arguments."""
     found: dict[str, str] = {}
     rest: list[str] = []
@@ -94,11 +105,11 @@ def _split_config_flags(args: list[str]) -> tuple[str, str, list[str]]:
             ])
         else:
             rest.append(arg)
-    name = found.get("name", PPO_CONFIG_NAME).removesuffix(".yaml")
+    name = found.get("name", default_name).removesuffix(".yaml")
     if "megatron" in name:
         raise ConfigError("Unsupported config:", [
             f"--config-name={name}: the Megatron backend is not shipped; this verl trains with FSDP2 only. "
-            f"Drop --config-name (the default is {PPO_CONFIG_NAME}) and use actor strategy fsdp or fsdp2"
+            f"Drop --config-name (the default is {default_name}) and use actor strategy fsdp or fsdp2"
         ])
     config_dir = _find_config_dir(found["path"]) if "path" in found else CONFIG_DIR
     if not os.path.isfile(os.path.join(config_dir, f"{name}.yaml")):

@@ -9,6 +9,7 @@ import importlib
 _EXPORTS = {
     "DatasetError": "rl_dataset",
     "RLHFDataset": "rl_dataset",
+    "SFTDataset": "sft_dataset",
     "collate_fn": "rl_dataset",
     "ResumableSampler": "sampler",
     "StatefulDataLoader": "sampler",
