@@ -150,7 +150,8 @@ def test_article_config_with_hf_builds_and_validation_asks_only_for_the_run_sett
              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
              "critic.ppo_micro_batch_size_per_gpu=4"]
     with pytest.raises(ConfigError) as info:
-        PPOTrainer(**article_config("hf"), overrides=micro, trainer=TrainerConfig(backend="local")).validate()
+        PPOTrainer(**article_config("hf"), overrides=micro,
+                   trainer=TrainerConfig(backend="local", n_gpus_per_node=1)).validate()
     assert problem_keys(info.value) == {"data.train_files"}
 
 

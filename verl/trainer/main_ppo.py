@@ -37,10 +37,8 @@ def run_ppo(config) -> dict:
     train_dataset = _dataset(data.train_files, tokenizer, data, data.train_max_samples, data.shuffle)
     val_dataset = (_dataset(data.val_files, tokenizer, data, data.val_max_samples, data.validation_shuffle)
                    if data.val_files else None)
-    reward_kwargs = config.reward_model.get("reward_kwargs")
-    reward_kwargs = OmegaConf.to_container(reward_kwargs, resolve=True) if reward_kwargs else {}
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+    reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
+    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn)
     try:
         trainer.init_workers()

@@ -118,7 +118,16 @@ def _temperature(data: DataProto, default: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ policy
-class ActorRolloutRefWorker(Worker):
+class _RoleWorker(Worker):
+    """What the three roles share: the collective timeout of ``actor_rollout_ref.nccl_timeout``
+    (colocated roles share one process group; the first role of a process to join sets it)."""
+
+    def __init__(self, nccl_timeout_s: float | None = None):
+        super().__init__()
+        self.nccl_timeout_s = float(nccl_timeout_s) if nccl_timeout_s else 1800.0
+
+
+class ActorRolloutRefWorker(_RoleWorker):
     """The policy's roles on one device. ``config`` is the ``actor_rollout_ref`` section; ``role`` one of
     ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``.
 
@@ -129,8 +138,8 @@ class ActorRolloutRefWorker(Worker):
 
     ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
-    def __init__(self, config, role: str):
-        super().__init__()
+    def __init__(self, config, role: str, nccl_timeout_s: float | None = None):
+        super().__init__(nccl_timeout_s)
         if role not in self.ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {list(self.ROLES)}, got {role!r}")
         self.config, self.role = config, role
@@ -147,7 +156,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        self.init_process_group()
+        self.init_process_group(timeout_s=self.nccl_timeout_s)
         config, model_config = self.config, self.config.model
         # Sampling draws from the process RNG: seed it per rank so a run is reproducible, on either backend.
         _seed_everything(int(config_get(config, "rollout.seed", 0)) + self.rank)
@@ -261,19 +270,19 @@ class ActorRolloutRefWorker(Worker):
 
 
 # ------------------------------------------------------------------------------------------------ critic
-class CriticWorker(Worker):
+class CriticWorker(_RoleWorker):
     """The value model on one device. ``config`` is the ``critic`` section; ``rollout_n`` the samples per
     prompt (default ``critic.rollout_n``), which turns ``ppo_mini_batch_size`` (prompts) into rows."""
 
-    def __init__(self, config, rollout_n: int | None = None):
-        super().__init__()
+    def __init__(self, config, rollout_n: int | None = None, nccl_timeout_s: float | None = None):
+        super().__init__(nccl_timeout_s)
         self.config = config
         self.rollout_n = int(rollout_n if rollout_n is not None else config_get(config, "rollout_n", 1))
         self.tokenizer = self.engine = self.critic = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        self.init_process_group()
+        self.init_process_group(timeout_s=self.nccl_timeout_s)
         config, model_config = self.config, self.config.model
         _import_external_lib(model_config)
         path = config_get(model_config, "path")
@@ -338,7 +347,7 @@ class CriticWorker(Worker):
 
 
 # ------------------------------------------------------------------------------------------------ reward model
-class RewardModelWorker(Worker):
+class RewardModelWorker(_RoleWorker):
     """A frozen sequence-classifier reward model on one device; ``config`` is the ``reward_model`` section.
 
     When ``model.input_tokenizer`` (the policy's tokenizer) differs from the reward model's own (vocabulary
@@ -346,14 +355,14 @@ class RewardModelWorker(Worker):
     policy's token ids are scored as they are.
     """
 
-    def __init__(self, config):
-        super().__init__()
+    def __init__(self, config, nccl_timeout_s: float | None = None):
+        super().__init__(nccl_timeout_s)
         self.config = config
         self.engine = self.rm_tokenizer = self.input_tokenizer = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        self.init_process_group()
+        self.init_process_group(timeout_s=self.nccl_timeout_s)
         config, model_config = self.config, self.config.model
         _import_external_lib(model_config)
         path = config_get(model_config, "path")

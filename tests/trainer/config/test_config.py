@@ -505,3 +505,9 @@ def test_features_not_implemented_are_never_silently_ignored(caplog):
     # keys that only follow another key are reported once, at the source
     warnings = validate("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2")
     assert not any(w.startswith("actor_rollout_ref.ref.ulysses") for w in warnings)
+
+
+def test_local_backend_has_one_worker_and_no_pools():
+    message = problems("trainer.backend=local", "trainer.n_gpus_per_node=2", "critic.enable_resource_pool=true")
+    assert "- trainer.n_gpus_per_node: is 2, but the local backend runs one worker in this process" in message
+    assert "- critic.enable_resource_pool: the local backend has one process" in message

@@ -335,6 +335,14 @@ def check_backend(run: Run) -> Iterator[Issue]:
     if backend == "local" and _positive_int(nnodes) and nnodes > 1:
         yield error("trainer.nnodes", "the local backend runs in one process on one node. "
                                       "Set trainer.nnodes=1, or trainer.backend=ray for several nodes")
+    per_node = run.get("trainer.n_gpus_per_node")
+    if backend == "local" and _positive_int(per_node) and per_node > 1:
+        yield error("trainer.n_gpus_per_node", f"is {per_node}, but the local backend runs one worker in this process. "
+                                               "Set trainer.n_gpus_per_node=1, or trainer.backend=ray for several")
+    for section in ("critic", "reward_model"):
+        if backend == "local" and run.own_pool(section):
+            yield error(f"{section}.enable_resource_pool", "the local backend has one process and no pools of its "
+                                                           f"own. Set {section}.enable_resource_pool=false")
     if run.get(f"{AR}.hybrid_engine") is False:
         yield error(f"{AR}.hybrid_engine", f"only the colocated hybrid engine is shipped. Set {AR}.hybrid_engine=true")
 
@@ -602,6 +610,12 @@ _NOT_IMPLEMENTED_ERRORS = {
 }
 _NOT_IMPLEMENTED_WARNINGS = (
     "data.use_shm", f"{AR}.model.use_shm", "critic.model.use_shm", "reward_model.model.use_shm",
+    f"{AR}.model.use_remove_padding", "critic.model.use_remove_padding", "reward_model.model.use_remove_padding",
+    f"{ACTOR}.use_torch_compile", f"{AR}.model.hf_config_path", "data.tokenizer", "data.dataloader_num_workers",
+    f"{ACTOR}.fsdp_config.wrap_policy.min_num_params", f"{ACTOR}.fsdp_config.forward_prefetch",
+    "critic.model.fsdp_config.wrap_policy.min_num_params", "critic.model.fsdp_config.forward_prefetch",
+    f"{ROLLOUT}.mode", "trainer.log_val_generations", "trainer.del_local_ckpt_after_load",
+    "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout", "ray_kwargs.timeline_json_file",
     f"{AR}.model.use_liger", f"{AR}.model.use_fused_kernels",
     f"{AR}.model.enable_activation_offload", "critic.model.enable_activation_offload",
     f"{ACTOR}.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size",

@@ -60,12 +60,14 @@ class WorkerGroups:
         from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
         role = "actor_rollout_ref" if use_reference_policy else "actor_rollout"
-        roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=config.actor_rollout_ref, role=role)}
+        timeout = config.actor_rollout_ref.nccl_timeout  # every role: whichever joins first sets the group's
+        roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=config.actor_rollout_ref, role=role,
+                                                    nccl_timeout_s=timeout)}
         if use_critic:
-            roles["critic"] = ClassWithInitArgs(CriticWorker, config=config.critic,
+            roles["critic"] = ClassWithInitArgs(CriticWorker, config=config.critic, nccl_timeout_s=timeout,
                                                 rollout_n=config.actor_rollout_ref.rollout.n)
         if use_rm:
-            roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=config.reward_model)
+            roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=config.reward_model, nccl_timeout_s=timeout)
         pools, mapping = pool_layout(config, use_critic=use_critic, use_rm=use_rm)
         trainer = config.trainer
         if trainer.backend == "local":

@@ -98,6 +98,13 @@ class HFRollout(BaseRollout):
     call and its previous mode restored. Sampling uses the global torch RNG: seed torch, or pass
     ``meta_info['seed']`` for a call that is reproducible on its own."""
 
+    # transformers' generate manages its own cache and runs in the module's dtype: the memory and
+    # scheduler settings of the other engines mean nothing here.
+    ignored_config_keys = BaseRollout.ignored_config_keys + (
+        "gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens", "max_model_len",
+        "max_num_seqs", "dtype",
+    )
+
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         params = self.sampling_params(prompts.meta_info)
