@@ -16,20 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
 
 def _chunk_logprobs(hidden, weight, bias, labels, temperature: float, compute_entropy: bool):
     logits = F.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
-    # Shifting by the row max keeps lse - Σ p·z from cancelling when the logits are large.
-    shifted = logits - logits.detach().amax(dim=-1, keepdim=True)
-    lse = torch.logsumexp(shifted, dim=-1)
-    log_probs = shifted.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
-    if not compute_entropy:
-        return (log_probs,)
-    probs = torch.exp(shifted - lse.unsqueeze(-1))
-    entropy = lse - (probs * shifted).sum(dim=-1)
-    return log_probs, entropy
+    log_probs = logprobs_from_logits(logits, labels)
+    return (log_probs, entropy_from_logits(logits)) if compute_entropy else (log_probs,)
 
 
 def logprobs_and_entropy_from_hidden(hidden_states: torch.Tensor, lm_head_weight: torch.Tensor,

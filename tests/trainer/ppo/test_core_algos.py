@@ -583,7 +583,7 @@ def test_apply_kl_penalty():
     mask = t([[1, 1, 1], [1, 1, 0]])
     # KL = old - ref = [[0.5, 0, -0.5], [1, 0, (masked)]]
     ctrl = AdaptiveKLController(init_kl_coef=0.1, target_kl=0.5, horizon=10)
-    rewards, metrics = apply_kl_penalty(scores, old, ref, mask, ctrl, kl_penalty="kl")
+    rewards, metrics = apply_kl_penalty(scores, old, ref, mask, ctrl, kl_type="kl")
     assert_close(rewards, [[0 - 0.1 * 0.5, 0, 1 + 0.1 * 0.5], [0 - 0.1 * 1, 2, 0]])
     current_kl = ((0.5 + 0 - 0.5) / 3 + (1 + 0) / 2) / 2  # 0.25
     assert metrics["actor/reward_kl_penalty"] == pytest.approx(current_kl)

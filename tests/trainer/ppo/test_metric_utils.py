@@ -9,7 +9,6 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_rollout_probs_diff,
-    compute_throughout_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
     explained_variance,
@@ -98,7 +97,6 @@ def test_timing_metrics_per_token():
 def test_throughput_metrics():
     m = compute_throughput_metrics(two_sample_batch(), {"step": 0.5}, n_gpus=2)
     assert m == {"perf/total_num_tokens": 11.0, "perf/time_per_step": 0.5, "perf/throughput": 11.0}
-    assert compute_throughout_metrics is compute_throughput_metrics
     with pytest.raises(KeyError, match="step"):
         compute_throughput_metrics(two_sample_batch(), {}, n_gpus=1)
 

@@ -135,8 +135,7 @@ def compute_throughput_metrics(batch: DataProto, timing_raw: Mapping[str, float]
     }
 
 
-# The original's spelling, kept so code written against it still runs.
-compute_throughout_metrics = compute_throughput_metrics
+
 
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

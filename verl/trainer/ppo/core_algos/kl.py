@@ -100,7 +100,7 @@ def apply_kl_penalty(
     ref_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     kl_ctrl: FixedKLController | AdaptiveKLController,
-    kl_penalty: str = "kl",
+    kl_type: str = "kl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """In-reward KL: rewards = scores − β·KL(old, ref)·mask, then kl_ctrl.update(current_kl, n_steps=bs).
 
@@ -108,7 +108,7 @@ def apply_kl_penalty(
     no valid token excluded). Metrics: ``actor/reward_kl_penalty`` = current_kl and
     ``actor/reward_kl_penalty_coeff`` = the β that was applied (before the update).
     """
-    kld = _kl_penalty(old_log_probs, ref_log_prob, kl_penalty) * response_mask
+    kld = kl_penalty(old_log_probs, ref_log_prob, kl_type) * response_mask
     beta = kl_ctrl.value
     token_level_rewards = token_level_scores - beta * kld
     current_kl = agg_loss(kld, response_mask, "seq-mean-token-mean").item()
@@ -116,6 +116,5 @@ def apply_kl_penalty(
     return token_level_rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
-_kl_penalty = kl_penalty  # apply_kl_penalty's parameter of the same name shadows the function
 
 

@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from verl.utils.config import config_get  # noqa: F401  (re-exported for policy losses)
-
 # --------------------------------------------------------------------------------------------------
 # Registries
 # --------------------------------------------------------------------------------------------------
