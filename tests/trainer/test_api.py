@@ -417,7 +417,7 @@ def test_repr_shows_the_key_settings():
                          actor_rollout_ref=ActorRolloutRefConfig(rollout=RolloutConfig(n=5)),
                          trainer=TrainerConfig(n_gpus_per_node=2, device="cpu", backend="local"))
     assert repr(trainer) == ("PPOTrainer(model='/models/a', algorithm='grpo', critic=None, reward_model=None, "
-                             "rollout='hf' (n=5), devices=1x2 cpu (local), train_files=None)")
+                             "rollout='native' (n=5), devices=1x2 cpu (local), train_files=None)")
 
 
 @pytest.fixture

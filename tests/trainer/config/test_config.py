@@ -81,7 +81,7 @@ def test_success_line_is_not_printed_on_failure(capsys):
 
 def test_our_defaults_that_the_trainer_relies_on():
     config = compose_ppo_config([])
-    assert config.actor_rollout_ref.rollout.name == "hf"
+    assert config.actor_rollout_ref.rollout.name == "native"
     assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
     assert config.trainer.backend == "ray"
     assert config.trainer.device == "cuda"
@@ -276,8 +276,8 @@ def test_deprecated_warmup_style_warns():
 def test_vllm_not_installed(monkeypatch):
     monkeypatch.setattr(rollout_base, "_installed", lambda name: False)
     message = problems("actor_rollout_ref.rollout.name=vllm")
-    assert ("actor_rollout_ref.rollout.name: rollout engine 'vllm' is not installed; the built-in engines are: hf. "
-            "Set actor_rollout_ref.rollout.name=hf") in message
+    assert ("actor_rollout_ref.rollout.name: rollout engine 'vllm' is not installed; the built-in engines are: "
+            "hf, native. Set actor_rollout_ref.rollout.name=hf") in message
 
 
 def test_vllm_installed_still_has_no_adapter(monkeypatch):

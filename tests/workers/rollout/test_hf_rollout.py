@@ -230,7 +230,7 @@ def test_missing_response_length_is_a_clear_error(qwen2, tiny_tokenizer):
 
 def test_registry():
     assert get_rollout_class("hf") is HFRollout
-    with pytest.raises(ValueError, match=r"'vllm' is .*the built-in engines are: hf\. "
+    with pytest.raises(ValueError, match=r"'vllm' is .*the built-in engines are: hf, native\. "
                                          r"Set actor_rollout_ref\.rollout\.name=hf"):
         get_rollout_class("vllm")
     with pytest.raises(ValueError, match="did you mean hf"):

@@ -1,0 +1,344 @@
+"""The native rollout engine (``actor_rollout_ref.rollout.name=native``): continuous batching over
+a slot KV cache, batched prefill shared by the ``n`` samples of a prompt, CUDA-graph decode.
+
+One call of :meth:`NativeRollout.generate_sequences`:
+
+1. re-bind the module's weights (FSDP may have unsharded them into new storage; an optimizer step
+   may have changed them: either way the next tokens come from the current values, nothing copied);
+2. size and allocate the slot cache (``gpu_memory_utilization`` of free GPU memory, at most
+   ``max_num_seqs`` slots and one per output row);
+3. loop: admit waiting rows into free slots (prefill of their prompts in chunks of at most
+   ``max_num_batched_tokens`` tokens, each prompt once, its keys/values copied into the slots of its
+   samples, first token sampled), then decode all running slots ``[0, b)`` several steps at a time.
+   The host reads which rows stopped (one device sync) every ``sync_every`` steps while rows wait, to
+   refill freed slots; every ``4 * sync_every`` when none wait but rows can stop at eos, to pack the
+   running rows into low slots so that ``b`` shrinks; otherwise only when the shortest remaining
+   budget runs out;
+4. free the cache (``free_cache_engine``), so training gets the memory back.
+
+Decode is captured as one CUDA graph per batch-size bucket (``enforce_eager=True`` runs it eagerly,
+as on CPU). Graphs hold the addresses of the weights and of the cache, so they are recaptured when
+either moved.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.config import config_get
+from verl.workers.rollout.base import (
+    BaseRollout,
+    build_rollout_output,
+    check_left_padded,
+    register_rollout,
+)
+from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
+from verl.workers.rollout.native.model import DecoderWeights, decode, prefill
+from verl.workers.rollout.native.sampling import sample
+
+__all__ = ["NativeRollout"]
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def _bucket(b: int, num_slots: int) -> int:
+    return min(next((x for x in BUCKETS if x >= b), num_slots), num_slots)
+
+
+class _SlotState:
+    """Per-slot device tensors the decode step reads and updates (fixed addresses for the graphs)."""
+
+    def __init__(self, num_slots: int, device: torch.device):
+        self.tokens = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.write_pos = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.start = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.row = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.step = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.live = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        self.slot_ids = torch.arange(num_slots, device=device)
+
+    def tensors(self):
+        return self.tokens, self.write_pos, self.start, self.row, self.step, self.live
+
+
+class _DecodeGraphs:
+    """One captured decode step per batch-size bucket, valid while weights and cache stay put."""
+
+    def __init__(self):
+        self.key = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+        self.captures = 0
+
+    def validate(self, key) -> None:
+        if key != self.key:
+            self.reset()
+            self.key = key
+
+    def reset(self) -> None:
+        self.graphs.clear()
+        self.pool = None
+        self.key = None
+
+    def run(self, b: int, step) -> torch.Tensor:
+        if b in self.graphs:
+            graph, logits = self.graphs[b]
+            graph.replay()
+            return logits
+        # The warm-up is this step's real computation (same inputs), then the capture records it.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            logits = step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_logits = step()
+        self.pool = graph.pool()
+        self.graphs[b] = (graph, static_logits)
+        self.captures += 1
+        return logits
+
+
+@register_rollout("native")
+class NativeRollout(BaseRollout):
+    """Fast generation with the actor's own weights; see the module docstring.
+
+    Reads ``gpu_memory_utilization``, ``max_num_seqs``, ``max_num_batched_tokens`` (prefill chunk),
+    ``max_model_len``, ``enforce_eager``, ``free_cache_engine`` besides the sampling keys. Sampling
+    uses a generator seeded by ``meta_info['seed']``, else by a draw from torch's global RNG.
+    ``last_stats`` describes the last call (``profile = True`` adds synchronised phase timings).
+    """
+
+    # Generation runs in the dtype the actor's weights have inside gathered_params() (FSDP's
+    # param_dtype), so that no second copy exists: ``rollout.dtype`` is not read.
+    ignored_config_keys = BaseRollout.ignored_config_keys + ("dtype",)
+
+    def __init__(self, config, module: torch.nn.Module, tokenizer):
+        super().__init__(config, module, tokenizer)
+        self.weights = DecoderWeights(module)
+        self.cache: SlotCache | None = None
+        self.state: _SlotState | None = None
+        self.graphs = _DecodeGraphs()
+        self.profile = False
+        self.last_stats: dict = {}
+
+    def _setting(self, key, default):
+        value = config_get(self.config, key, default)
+        return default if value is None else value
+
+    def free_cache(self) -> None:
+        """Release the KV cache and the captured graphs (their memory pool)."""
+        self.cache = self.state = None
+        self.graphs.reset()
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        params = self.sampling_params(prompts.meta_info)
+        check_left_padded(prompts.batch["attention_mask"])
+        self.weights.bind()
+        w = self.weights
+        device = w.device
+        input_ids = prompts.batch["input_ids"].to(device)
+        valid = prompts.batch["attention_mask"].to(device).bool()
+        batch, width = input_ids.shape
+        rows, length = batch * params.n, params.response_length
+        max_model_len = self._setting("max_model_len", 0)
+        if max_model_len and width + length > int(max_model_len):
+            raise ValueError(f"prompt width {width} + response_length {length} exceeds "
+                             f"actor_rollout_ref.rollout.max_model_len={max_model_len}")
+        max_len = -(-(width + length) // 16) * 16
+        self._ensure_cache(rows, max_len)
+        seed = prompts.meta_info.get("seed")
+        seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        run = _Run(self, params, input_ids, valid, generator)
+        try:
+            responses, log_probs = run.generate()
+        finally:
+            self.last_stats = run.stats
+            if self._setting("free_cache_engine", True):
+                self.free_cache()
+        return build_rollout_output(prompts, responses, log_probs, params)
+
+    def _ensure_cache(self, rows: int, max_len: int) -> None:
+        w = self.weights
+        shape = (w.num_layers, w.num_kv_heads, max_len, w.head_dim, w.dtype, w.device)
+        want = max(1, min(rows, int(self._setting("max_num_seqs", 1024))))
+        if self.cache is not None and self.cache.fits(*shape) and self.cache.num_slots >= want:
+            return
+        self.free_cache()
+        per_slot = slot_bytes(w.num_layers, w.num_kv_heads, w.head_dim, max_len, w.dtype)
+        # Room left for activations: float32 logits and sampling buffers of every running row.
+        reserve = 4 * want * w.lm_head.shape[0] * 4
+        slots = plan_slots(rows, int(self._setting("max_num_seqs", 1024)), per_slot, w.device,
+                           float(self._setting("gpu_memory_utilization", 0.5)), reserve)
+        self.cache = SlotCache(w.num_layers, slots, w.num_kv_heads, max_len, w.head_dim, w.dtype, w.device)
+        self.state = _SlotState(slots, w.device)
+
+
+class _Run:
+    """The scheduler of one ``generate_sequences`` call."""
+
+    def __init__(self, engine: NativeRollout, params, input_ids, valid, generator):
+        self.engine, self.params, self.generator = engine, params, generator
+        self.w, self.cache, self.state = engine.weights, engine.cache, engine.state
+        self.input_ids, self.valid = input_ids, valid
+        self.width = input_ids.shape[1]
+        self.pads = (~valid).sum(dim=1).tolist()
+        self.rows = input_ids.shape[0] * params.n
+        device = input_ids.device
+        self.device = device
+        # Row ``rows`` is a sink for the writes of slots that are not running.
+        self.out_tokens = torch.full((self.rows + 1, params.response_length), params.pad_token_id,
+                                     dtype=torch.long, device=device)
+        self.out_log_probs = torch.zeros((self.rows + 1, params.response_length), dtype=torch.float32, device=device)
+        self.eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
+        num_slots = self.cache.num_slots
+        self.slot_row = np.full(num_slots, -1)  # host view: which row a slot runs (-1: free)
+        self.slot_steps = np.zeros(num_slots, dtype=np.int64)
+        self.waiting = deque(range(self.rows))
+        for t in self.state.tensors():
+            t.zero_()
+        self.state.row.fill_(self.rows)
+        self.use_graphs = device.type == "cuda" and not bool(engine._setting("enforce_eager", False))
+        if self.use_graphs:
+            engine.graphs.validate((self.w.pointers(), self.cache.pointers()))
+        self.sync_every = 4 if device.type == "cuda" else 1
+        self.chunk_tokens = max(1, int(engine._setting("max_num_batched_tokens", 8192)))
+        self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
+                      "graph_captures": 0}
+
+    # ------------------------------------------------------------------ main loop
+    def generate(self) -> tuple[torch.Tensor, torch.Tensor]:
+        captures = self.engine.graphs.captures
+        self._admit()
+        while (self.slot_row >= 0).any():
+            running = np.flatnonzero(self.slot_row >= 0)
+            steps = int((self.params.response_length - self.slot_steps[running]).min())
+            if self.waiting:
+                steps = min(steps, self.sync_every)
+            elif self.eos.numel():  # rows may stop early: look now and then, to pack the rest into fewer slots
+                steps = min(steps, 4 * self.sync_every)
+            b = _bucket(int(running.max()) + 1, self.cache.num_slots)
+            tic = self._tic()
+            for _ in range(max(steps, 0)):
+                self._decode_step(b)
+            self.slot_steps[running] += max(steps, 0)
+            self.stats["decode_steps"] += max(steps, 0)
+            live = self.state.live[: int(running.max()) + 1].tolist()
+            self.stats["decode_s"] += self._toc(tic)
+            for slot in running:
+                if not live[slot]:
+                    self.slot_row[slot] = -1
+            if self.waiting:
+                self._admit()
+            else:
+                self._compact()
+        self.stats["graph_captures"] = self.engine.graphs.captures - captures
+        return self.out_tokens[: self.rows], self.out_log_probs[: self.rows]
+
+    def _tic(self) -> float:
+        if self.engine.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _toc(self, tic: float) -> float:
+        return self._tic() - tic
+
+    # ------------------------------------------------------------------ decode
+    def _decode_step(self, b: int) -> None:
+        s, w, cache = self.state, self.w, self.cache
+
+        def step():
+            return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b])
+
+        logits = self.engine.graphs.run(b, step) if self.use_graphs else step()
+        tokens, log_probs = sample(logits.float(), self.params, self.generator)
+        active = s.live[:b]
+        self._record(torch.where(active, s.row[:b], self.rows), s.step[:b], tokens, log_probs)
+        done = self._stops(tokens, s.step[:b] + 1)
+        s.step[:b] += active
+        s.write_pos[:b] += active
+        s.live[:b] = active & ~done
+        s.tokens[:b] = tokens
+
+    def _record(self, rows, steps, tokens, log_probs) -> None:
+        steps = steps.clamp(max=self.params.response_length - 1)
+        self.out_tokens[rows, steps] = tokens
+        self.out_log_probs[rows, steps] = log_probs
+
+    def _stops(self, tokens: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        done = generated >= self.params.response_length
+        if self.eos.numel():
+            done |= torch.isin(tokens, self.eos)
+        return done
+
+    # ------------------------------------------------------------------ admission (prefill)
+    def _admit(self) -> None:
+        """Fill free slots with waiting rows; each chunk prefills its distinct prompts once."""
+        tic = self._tic()
+        n = self.params.n
+        free = [int(x) for x in np.flatnonzero(self.slot_row < 0)]
+        per_chunk = max(1, self.chunk_tokens // self.width)
+        while free and self.waiting:
+            chunk_rows, prompts = [], []
+            while self.waiting and len(chunk_rows) < len(free):
+                prompt = self.waiting[0] // n
+                if prompt not in prompts:
+                    if len(prompts) == per_chunk:
+                        break
+                    prompts.append(prompt)
+                chunk_rows.append(self.waiting.popleft())
+            slots, free = free[: len(chunk_rows)], free[len(chunk_rows):]
+            self._prefill(prompts, chunk_rows, slots)
+        self.stats["prefill_s"] += self._toc(tic)
+
+    def _prefill(self, prompts: list[int], rows: list[int], slots: list[int]) -> None:
+        n, device, s = self.params.n, self.device, self.state
+        index = {p: i for i, p in enumerate(prompts)}
+        sources = torch.tensor([index[r // n] for r in rows], device=device)
+        slots_t = torch.tensor(slots, device=device)
+        rows_t = torch.tensor(rows, device=device)
+        first_col = min(self.pads[p] for p in prompts)
+        prompt_t = torch.tensor(prompts, device=device)
+        logits = prefill(self.w, self.cache, self.input_ids[prompt_t, first_col:], self.valid[prompt_t, first_col:],
+                         first_col, slots_t, sources)
+        tokens, log_probs = sample(logits[sources].float(), self.params, self.generator)
+        zeros = torch.zeros_like(rows_t)
+        self._record(rows_t, zeros, tokens, log_probs)
+        s.tokens[slots_t] = tokens
+        s.write_pos[slots_t] = self.width
+        s.start[slots_t] = torch.tensor([self.pads[r // n] for r in rows], device=device)
+        s.row[slots_t] = rows_t
+        s.step[slots_t] = 1
+        s.live[slots_t] = ~self._stops(tokens, zeros + 1)
+        self.slot_row[slots] = rows
+        self.slot_steps[slots] = 1
+
+    # ------------------------------------------------------------------ packing
+    def _compact(self) -> None:
+        """Move running rows into the lowest slots when that lowers the decode batch bucket."""
+        running = np.flatnonzero(self.slot_row >= 0)
+        if not len(running):
+            return
+        count, num_slots = len(running), self.cache.num_slots
+        if _bucket(count, num_slots) >= _bucket(int(running.max()) + 1, num_slots):
+            return
+        movers = [int(x) for x in running if x >= count]
+        holes = [int(x) for x in np.flatnonzero(self.slot_row[:count] < 0)]
+        src = torch.tensor(movers, device=self.device)
+        dst = torch.tensor(holes, device=self.device)
+        self.cache.move(dst, src)
+        for t in self.state.tensors():
+            t[dst] = t[src]
+        self.state.live[src] = False
+        self.state.row[src] = self.rows
+        self.slot_row[holes] = self.slot_row[movers]
+        self.slot_steps[holes] = self.slot_steps[movers]
+        self.slot_row[movers] = -1
