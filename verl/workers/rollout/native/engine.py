@@ -210,6 +210,7 @@ class _Run:
         if self.use_graphs:
             engine.graphs.validate((self.w.pointers(), self.cache.pointers()))
         self.sync_every = 4 if device.type == "cuda" else 1
+        self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
         self.chunk_tokens = max(1, int(engine._setting("max_num_batched_tokens", 8192)))
         self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
                       "graph_captures": 0}
@@ -252,6 +253,12 @@ class _Run:
         return self._tic() - tic
 
     # ------------------------------------------------------------------ decode
+    def _seed(self) -> int:
+        """A fresh 31-bit key per sampling call for the fused CUDA sampler (host-side: no device sync),
+        derived from the call's seed."""
+        self.draws += 1
+        return (self.seed_base + self.draws * 0x9E3779B1) % (2**31 - 1)
+
     def _decode_step(self, b: int) -> None:
         s, w, cache = self.state, self.w, self.cache
 
@@ -259,7 +266,7 @@ class _Run:
             return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b])
 
         logits = self.engine.graphs.run(b, step) if self.use_graphs else step()
-        tokens, log_probs = sample(logits.float(), self.params, self.generator)
+        tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
         active = s.live[:b]
         self._record(torch.where(active, s.row[:b], self.rows), s.step[:b], tokens, log_probs)
         done = self._stops(tokens, s.step[:b] + 1)
@@ -309,7 +316,7 @@ class _Run:
         prompt_t = torch.tensor(prompts, device=device)
         logits = prefill(self.w, self.cache, self.input_ids[prompt_t, first_col:], self.valid[prompt_t, first_col:],
                          first_col, slots_t, sources)
-        tokens, log_probs = sample(logits[sources].float(), self.params, self.generator)
+        tokens, log_probs = sample(logits[sources], self.params, self.generator, self._seed())
         zeros = torch.zeros_like(rows_t)
         self._record(rows_t, zeros, tokens, log_probs)
         s.tokens[slots_t] = tokens

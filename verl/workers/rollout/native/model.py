@@ -197,10 +197,26 @@ def _add_linear(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: to
     return x + F.linear(h, weight, bias)
 
 
-def _mlp_residual(x: torch.Tensor, lw: LayerWeights, eps: float) -> torch.Tensor:
+def _fused(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels of ``triton_ops`` serve this tensor (CUDA only; CPU never imports them)."""
+    if not t.is_cuda:
+        return False
+    from verl.workers.rollout.native import triton_ops
+
+    return triton_ops.enabled(t)
+
+
+def _mlp_residual(x: torch.Tensor, lw: LayerWeights, eps: float, fused: bool = False) -> torch.Tensor:
     h = _rms_norm(x, lw.post_norm, eps)
     gate = F.linear(h, lw.gate, lw.gate_bias)
-    return _add_linear(x, F.silu(gate) * F.linear(h, lw.up, lw.up_bias), lw.down, lw.down_bias)
+    up = F.linear(h, lw.up, lw.up_bias)
+    if fused:
+        from verl.workers.rollout.native import triton_ops
+
+        act = triton_ops.silu_mul(gate, up)
+    else:
+        act = F.silu(gate) * up
+    return _add_linear(x, act, lw.down, lw.down_bias)
 
 
 def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tensor, first_col: int,
@@ -220,6 +236,7 @@ def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tens
     mask = mask[:, None]
     unpadded = bool(valid.all())
     groups = w.num_heads // w.num_kv_heads
+    fused = _fused(input_ids)
     x = F.embedding(input_ids, w.embed)
     for i, lw in enumerate(w.layers):
         q, k, v = _attention_inputs(w, lw, _rms_norm(x, lw.input_norm, w.eps), cos, sin)
@@ -231,7 +248,7 @@ def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tens
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + F.linear(out.transpose(1, 2).flatten(2), lw.o, lw.o_bias)
-        x = _mlp_residual(x, lw, w.eps)
+        x = _mlp_residual(x, lw, w.eps, fused)
     last = _rms_norm(x[:, -1], w.norm, w.eps)
     return F.linear(last, w.lm_head)
 
@@ -244,23 +261,42 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
     b = tokens.shape[0]
     cos_table, sin_table = w.rope(cache.max_len)
     positions = write_pos - start
-    cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
     columns = cache.columns[None, :]
     visible = (columns >= start[:, None]) & (columns <= write_pos[:, None])
     bias = torch.zeros(visible.shape, dtype=w.dtype, device=tokens.device)
     bias = bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
     groups = w.num_heads // w.num_kv_heads
-    # Row of the flattened (slots * kv_heads * max_len, head_dim) cache that each new key goes to.
-    heads = torch.arange(w.num_kv_heads, device=tokens.device)
-    rows = ((slot_ids[:, None] * w.num_kv_heads + heads) * cache.max_len + write_pos[:, None]).flatten()
+    fused = _fused(tokens)
+    if fused:
+        from verl.workers.rollout.native import triton_ops
+
+        fuse_rope = triton_ops.rope_supported(w.head_dim)
+    else:
+        fuse_rope = False
+    if not fuse_rope:
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+        # Row of the flattened (slots * kv_heads * max_len, head_dim) cache that each new key goes to.
+        heads = torch.arange(w.num_kv_heads, device=tokens.device)
+        rows = ((slot_ids[:, None] * w.num_kv_heads + heads) * cache.max_len + write_pos[:, None]).flatten()
     x = F.embedding(tokens, w.embed)
     for i, lw in enumerate(w.layers):
-        q, k, v = _attention_inputs(w, lw, _rms_norm(x, lw.input_norm, w.eps), cos, sin)
         keys, values = cache.k[i], cache.v[i]
-        keys.view(-1, w.head_dim).index_copy_(0, rows, k.reshape(-1, w.head_dim))
-        values.view(-1, w.head_dim).index_copy_(0, rows, v.reshape(-1, w.head_dim))
+        if fuse_rope:
+            h = _rms_norm(x, lw.input_norm, w.eps)
+            q = F.linear(h, lw.q, lw.q_bias).unflatten(-1, (w.num_heads, w.head_dim))
+            k = F.linear(h, lw.k, lw.k_bias).unflatten(-1, (w.num_kv_heads, w.head_dim))
+            v = F.linear(h, lw.v, lw.v_bias).unflatten(-1, (w.num_kv_heads, w.head_dim))
+            if lw.q_norm is not None:
+                q = _rms_norm(q, lw.q_norm, w.eps)
+                k = _rms_norm(k, lw.k_norm, w.eps)
+            # RoPE of q and k, and the cache write of k and v, in one kernel.
+            q = triton_ops.rope_kv_write(q, k, v, cos_table, sin_table, positions, write_pos, slot_ids, keys, values)
+        else:
+            q, k, v = _attention_inputs(w, lw, _rms_norm(x, lw.input_norm, w.eps), cos, sin)
+            keys.view(-1, w.head_dim).index_copy_(0, rows, k.reshape(-1, w.head_dim))
+            values.view(-1, w.head_dim).index_copy_(0, rows, v.reshape(-1, w.head_dim))
         q = q.view(b, w.num_kv_heads, groups, w.head_dim)
         out = F.scaled_dot_product_attention(q, keys[:b], values[:b], attn_mask=bias)
         x = _add_linear(x, out.reshape(b, -1), lw.o, lw.o_bias)
-        x = _mlp_residual(x, lw, w.eps)
+        x = _mlp_residual(x, lw, w.eps, fused)
     return F.linear(_rms_norm(x, w.norm, w.eps), w.lm_head)

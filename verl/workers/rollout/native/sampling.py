@@ -23,9 +23,19 @@ def _gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Te
     return (scores - noise).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens ``(b,)`` and their log-probs ``(b,)`` from float32 logits ``(b, V)``."""
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+           seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``(b,)`` and their log-probs ``(b,)`` from logits ``(b, V)`` (computed in float32).
+
+    On CUDA, pure sampling (no top-k/top-p) with a ``seed`` runs one Triton pass over the logits
+    (``triton_ops.sample``: Gumbel-max with Philox noise keyed by ``seed``, plus the log-softmax of the
+    choice) instead of the torch ops below; ``generator`` is then not advanced."""
+    if (seed is not None and logits.is_cuda and not params.greedy and params.top_k <= 0 and params.top_p >= 1.0):
+        from verl.workers.rollout.native import triton_ops
+
+        if triton_ops.enabled(logits):
+            return triton_ops.sample(logits, params.temperature, seed)
+    logits = logits.float()
     scaled = logits if params.temperature == 1.0 else logits / params.temperature
     if params.greedy:
         tokens = scaled.argmax(dim=-1)
