@@ -345,10 +345,16 @@ def run_sft(config: DictConfig) -> dict:
     return FSDPSFTTrainer(config, tokenizer, train_dataset, val_dataset).fit()
 
 
+def _started_by_torchrun() -> bool:
+    # torchrun always sets TORCHELASTIC_RUN_ID; RANK/WORLD_SIZE alone may be left over from other code
+    # running in this process (e.g. the local worker backend sets them).
+    return "TORCHELASTIC_RUN_ID" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def _launched_world_size() -> int:
     if dist.is_initialized():
         return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ["WORLD_SIZE"]) if _started_by_torchrun() else 1
 
 
 def _init_process_group(device: str) -> bool:
@@ -358,7 +364,7 @@ def _init_process_group(device: str) -> bool:
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+    if _started_by_torchrun():
         dist.init_process_group(backend)
     else:  # one process: a file rendezvous, so nothing listens on the network
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
