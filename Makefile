@@ -19,8 +19,12 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# make demo [SEED=1]: data, tiny model, SFT warm start, GRPO with Ray on CPU, export, plots, summary.
+SEED ?= 0
+DEMO_START := $(shell date +%s)
+
 demo: $(STAMP)
-	$(PY) examples/data_preprocess/gsm8k.py --local_dataset_path examples/data_preprocess/fixtures/gsm8k --local_dir demo_output/gsm8k
+	$(PY) examples/demo/run_demo.py --seed $(SEED) --output_dir demo_output --started_at $(DEMO_START)
 
 clean:
 	rm -rf $(VENV) demo_output
