@@ -14,11 +14,18 @@ from __future__ import annotations
 
 import functools
 import os
+from abc import ABC, abstractmethod
 from typing import Any, Callable
 
 from verl.protocol import DataProto, unpad_dataproto
-from verl.single_controller.decorator import (Dispatch, Execute, MethodSpec, get_dispatch_mode,
-                                              pad_dataproto_args, registered_methods)
+from verl.single_controller.decorator import (
+    Dispatch,
+    Execute,
+    MethodSpec,
+    get_dispatch_mode,
+    pad_dataproto_args,
+    registered_methods,
+)
 
 __all__ = ["ClassWithInitArgs", "WorkerGroup", "WorkerError", "WorkerFuture", "DataProtoFuture",
            "WorkerDict", "colocated_worker_class"]
@@ -109,7 +116,7 @@ def _resolve_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
 
 
-class WorkerGroup:
+class WorkerGroup(ABC):
     """Backend-independent part of a worker group. A backend subclass provides
     ``world_size``, ``_submit``, ``_wait`` and ``shutdown``.
 
@@ -129,20 +136,21 @@ class WorkerGroup:
 
     # --------------------------------------------------------------- backend hooks
     @property
+    @abstractmethod
     def world_size(self) -> int:
-        raise NotImplementedError
+        """Number of ranks."""
 
+    @abstractmethod
     def _submit(self, method: str, calls: list[tuple[int, tuple, dict]]) -> list:
         """Start ``method`` for each ``(rank, args, kwargs)``; return one handle per call."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _wait(self, method: str, ranks: list[int], handles: list) -> list:
         """Return the results of ``handles`` in order, raising :class:`WorkerError` on failure."""
-        raise NotImplementedError
 
+    @abstractmethod
     def shutdown(self) -> None:
         """Stop the workers. Colocated roles share them, so this stops every role's workers."""
-        raise NotImplementedError
 
     # --------------------------------------------------------------- direct calls
     def execute_all(self, method_name: str, *args, **kwargs) -> list:

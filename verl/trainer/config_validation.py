@@ -18,13 +18,34 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config import ConfigError
-from verl.trainer.config.checks import CHECKS, Run, check_types
+from verl.trainer.config import ConfigError, checks, unused_keys
+from verl.trainer.config.checks import Issue, Run, check_types
 from verl.trainer.config.compose import compose_ppo_config, default_ppo_values
+
+# The checks validate_config runs after check_types, in this order; a new check is one function
+# added to checks.py (or unused_keys.py) and listed here.
+CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
+    checks.check_required,
+    checks.check_choices,
+    checks.check_registered_names,
+    checks.check_kl_estimators,
+    checks.check_strategies,
+    checks.check_rollout_engine,
+    checks.check_loggers,
+    checks.check_backend,
+    checks.check_ranges,
+    checks.check_sampling,
+    checks.check_combinations,
+    checks.check_micro_batch_pairs,
+    checks.check_batch_sizes,
+    unused_keys.check_other_backend_keys,
+    unused_keys.check_not_implemented,
+)
+
 
 __all__ = ["ConfigError", "SUCCESS_LINE", "compose_ppo_config", "main", "validate_config"]
 
