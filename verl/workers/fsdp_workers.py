@@ -126,6 +126,13 @@ class _RoleWorker(Worker):
         super().__init__()
         self.nccl_timeout_s = float(nccl_timeout_s) if nccl_timeout_s else 1800.0
 
+    def _start_init(self, model_config) -> tuple[str, bool]:
+        """The start of every ``init_model``: join the process group, import ``model.external_lib``;
+        returns ``(model.path, model.trust_remote_code)``."""
+        self.init_process_group(timeout_s=self.nccl_timeout_s)
+        _import_external_lib(model_config)
+        return config_get(model_config, "path"), bool(config_get(model_config, "trust_remote_code", False))
+
 
 class ActorRolloutRefWorker(_RoleWorker):
     """The policy's roles on one device. ``config`` is the ``actor_rollout_ref`` section; ``role`` one of
@@ -156,13 +163,10 @@ class ActorRolloutRefWorker(_RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        self.init_process_group(timeout_s=self.nccl_timeout_s)
         config, model_config = self.config, self.config.model
+        path, trust_remote_code = self._start_init(model_config)
         # Sampling draws from the process RNG: seed it per rank so a run is reproducible, on either backend.
         _seed_everything(int(config_get(config, "rollout.seed", 0)) + self.rank)
-        _import_external_lib(model_config)
-        path = config_get(model_config, "path")
-        trust_remote_code = bool(config_get(model_config, "trust_remote_code", False))
         self.tokenizer = load_tokenizer(config_get(model_config, "tokenizer_path") or path,
                                         config_key="actor_rollout_ref.model.path", trust_remote_code=trust_remote_code,
                                         chat_template=config_get(model_config, "custom_chat_template"))
@@ -282,11 +286,8 @@ class CriticWorker(_RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        self.init_process_group(timeout_s=self.nccl_timeout_s)
         config, model_config = self.config, self.config.model
-        _import_external_lib(model_config)
-        path = config_get(model_config, "path")
-        trust_remote_code = bool(config_get(model_config, "trust_remote_code", False))
+        path, trust_remote_code = self._start_init(model_config)
         self.tokenizer = load_tokenizer(config_get(model_config, "tokenizer_path") or path,
                                         config_key="critic.model.path", trust_remote_code=trust_remote_code)
         fsdp_config = config_get(model_config, "fsdp_config") or config_get(config, "fsdp_config")
@@ -362,11 +363,8 @@ class RewardModelWorker(_RoleWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        self.init_process_group(timeout_s=self.nccl_timeout_s)
         config, model_config = self.config, self.config.model
-        _import_external_lib(model_config)
-        path = config_get(model_config, "path")
-        trust_remote_code = bool(config_get(model_config, "trust_remote_code", False))
+        path, trust_remote_code = self._start_init(model_config)
         self.rm_tokenizer = load_tokenizer(path, config_key="reward_model.model.path",
                                            trust_remote_code=trust_remote_code)
         input_path = config_get(model_config, "input_tokenizer")
