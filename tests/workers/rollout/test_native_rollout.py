@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen3Con
 from verl.protocol import DataProto
 from verl.workers.rollout import HFRollout, NativeRollout, get_rollout_class
 from verl.workers.rollout.native import UnsupportedModelError
+from verl.workers.rollout.native.sampling import filter_logits
 
 RESPONSE_LENGTH = 8
 TEXTS = ["Natalia sold clips to her friends", "The answer", "How many clips did", "Betty is saving money"]
@@ -96,6 +97,26 @@ def test_sampled_log_probs_match_recomputation(models, tiny_tokenizer, arch):
     assert (batch["rollout_log_probs"] - expected).abs().max() < 1e-4
     rank = (scaled > scaled.gather(-1, batch["responses"][..., None])).sum(dim=-1)
     assert (rank < 20).all()
+
+
+@pytest.mark.parametrize("top_k,top_p,kept", [
+    (0, 0.6, [0, 2, 3]),  # mass before the tie is 0.5 < 0.6: both tied tokens stay
+    (0, 0.5, [2]),  # 0.5 is not < 0.5
+    (0, 0.55, [0, 2, 3]),
+    (2, 1.0, [0, 2, 3]),  # the 2nd largest logit is tied: every token at least as large stays
+    (1, 1.0, [2]),
+    (2, 0.55, [2]),  # top-p over the top-k mass 0.9: 0.5 / 0.9 = 0.556 is not < 0.55
+    (3, 0.6, [0, 2, 3]),  # 0.556 < 0.6
+    (0, 1.0, [0, 1, 2, 3]),
+])
+def test_filters_by_hand(top_k, top_p, kept):
+    """Probabilities 0.2, 0.1, 0.5, 0.2 (a tie at 0.2), temperature 2: filters judge the raw logits and
+    the tempered probabilities, and keep ties whole."""
+    logits = torch.tensor([[0.2, 0.1, 0.5, 0.2]]).log() * 2.0
+    scaled = logits / 2.0
+    out = filter_logits(logits, scaled, top_k, top_p)
+    assert torch.nonzero(out[0] > float("-inf")).flatten().tolist() == kept
+    assert torch.equal(out[out > float("-inf")], scaled[out > float("-inf")])
 
 
 def filtered_probs(logits, temperature, top_k, top_p):

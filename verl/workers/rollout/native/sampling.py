@@ -1,12 +1,16 @@
 """Token sampling for the native engine: greedy, temperature, top-k, top-p; log-probs of the choice.
 
-Draws use the Gumbel-max trick, ``argmax(logits + G)`` with ``G = -log(E)``, ``E ~ Exp(1)``: one
-pass of random numbers and an argmax, no softmax normalisation and no ``multinomial`` over the
-vocabulary. Top-k takes ``topk`` (sorted) and samples among its k values; top-p keeps, in sorted
-order, the tokens whose preceding probability mass is below ``top_p`` (transformers'
-``TopPLogitsWarper`` rule, the first token always kept) and needs a full sort only without top-k.
-The returned log-prob is ``log_softmax(logits / T)`` at the sampled token, before any filtering,
-as the ``hf`` engine records it.
+The filters keep whole ties, judged on the raw logits: top-k keeps every token whose logit is at least
+the k-th largest (as transformers' ``TopKLogitsWarper``); top-p then keeps every token whose strictly
+larger tokens carry less than ``top_p`` of the (top-k renormalised) probability, so the most likely
+token always stays and a tie straddling the boundary is kept whole (transformers' ``TopPLogitsWarper``
+cuts a tie at an arbitrary point of its sort instead). Draws use the Gumbel-max trick,
+``argmax(logits + G)`` with ``G = -log(E)``, ``E ~ Exp(1)``: no softmax normalisation and no
+``multinomial`` over the vocabulary. The returned log-prob is ``log_softmax(logits / T)`` at the
+sampled token, before any filtering, as the ``hf`` engine records it.
+
+On CUDA with Triton, sampling with a ``seed`` runs ``triton_ops.sample`` instead: the same filters
+found by a radix search over the logits (no sort), one draw by inverse CDF.
 """
 
 from __future__ import annotations
@@ -15,7 +19,20 @@ import torch
 
 from verl.workers.rollout.base import SamplingParams
 
-__all__ = ["sample"]
+__all__ = ["filter_logits", "sample"]
+
+
+def filter_logits(logits: torch.Tensor, scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``scaled`` (``logits / T``, ``(b, V)``) with the tokens that top-k then top-p remove set to -inf."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < top_k < logits.shape[-1]:
+        keep = logits >= logits.topk(top_k, dim=-1).values[:, -1:]
+    if top_p < 1.0:
+        values, order = scaled.masked_fill(~keep, float("-inf")).sort(dim=-1, descending=True)
+        probs = values.softmax(dim=-1)
+        last = ((probs.cumsum(dim=-1) - probs) < top_p).sum(dim=-1, keepdim=True).clamp(min=1) - 1
+        keep &= logits >= logits.gather(-1, order.gather(-1, last))
+    return scaled.masked_fill(~keep, float("-inf"))
 
 
 def _gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -27,29 +44,18 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
            seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``(b,)`` and their log-probs ``(b,)`` from logits ``(b, V)`` (computed in float32).
 
-    On CUDA, pure sampling (no top-k/top-p) with a ``seed`` runs one Triton pass over the logits
-    (``triton_ops.sample``: Gumbel-max with Philox noise keyed by ``seed``, plus the log-softmax of the
-    choice) instead of the torch ops below; ``generator`` is then not advanced."""
-    if (seed is not None and logits.is_cuda and not params.greedy and params.top_k <= 0 and params.top_p >= 1.0):
+    On CUDA with Triton and a ``seed``, non-greedy sampling runs ``triton_ops.sample`` (Philox noise keyed
+    by ``seed``; ``generator`` is then not advanced)."""
+    if seed is not None and logits.is_cuda and not params.greedy:
         from verl.workers.rollout.native import triton_ops
 
         if triton_ops.enabled(logits):
-            return triton_ops.sample(logits, params.temperature, seed)
+            return triton_ops.sample(logits, params.temperature, params.top_k, params.top_p, seed)
     logits = logits.float()
     scaled = logits if params.temperature == 1.0 else logits / params.temperature
     if params.greedy:
         tokens = scaled.argmax(dim=-1)
-    elif params.top_k > 0 or params.top_p < 1.0:
-        if params.top_k > 0:
-            values, indices = scaled.topk(min(params.top_k, scaled.shape[-1]), dim=-1)
-        else:
-            values, indices = scaled.sort(dim=-1, descending=True)
-        if params.top_p < 1.0:
-            probs = values.softmax(dim=-1)
-            mass_before = probs.cumsum(dim=-1) - probs
-            values = values.masked_fill(mass_before >= params.top_p, float("-inf"))
-        tokens = indices.gather(-1, _gumbel_argmax(values, generator)[:, None]).squeeze(-1)
     else:
-        tokens = _gumbel_argmax(scaled, generator)
+        tokens = _gumbel_argmax(filter_logits(logits, scaled, params.top_k, params.top_p), generator)
     log_probs = scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)
     return tokens, log_probs

@@ -1,0 +1,320 @@
+"""The Triton kernels of the native engine. Imported only through ``triton_ops`` (which checks that Triton
+and a CUDA tensor are there); the wrappers, shapes and the meaning of each argument live there.
+
+Sampling runs over a row of logits split into chunks of ``C`` tokens, one program per (row, chunk), so a
+pass over ``b x V`` logits keeps every SM busy:
+
+1. ``sample_stats_kernel``: per chunk, the max and the sum of ``exp(x / T - max)``.
+2. ``sample_digit_kernel``, once per digit of a radix search for the filter threshold (no sort): each
+   program first settles the previous digit from the previous pass's per-chunk histograms (every program
+   of a row computes the same choice), then histograms its own chunk's tokens under the prefix chosen so
+   far by the next ``DB`` bits of their order-preserving keys (probability mass and, for top-k, counts).
+3. ``sample_final_kernel``: settles the last digit, draws ``u ~ U(0, 1)`` per row, picks the chunk whose
+   cumulative kept mass crosses ``u`` times the total, then the token inside it (inverse CDF in
+   vocabulary order) and the log-softmax of the choice.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+COUNT = tl.constexpr(1)
+MASS = tl.constexpr(2)
+
+
+# ---------------------------------------------------------------------------------------------- decode ops
+@triton.jit
+def rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, qo_ptr, kc_ptr, vc_ptr,
+                   max_len, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
+                   BKV: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + row)
+    wpos = tl.load(wpos_ptr + row)
+    slot = tl.load(slot_ptr + row)
+    d = tl.arange(0, D)
+    dr = (d + D // 2) % D  # roll(x, D/2)[i] = x[(i - D/2) mod D] = x[(i + D/2) mod D]
+    cos = tl.load(cos_ptr + pos * D + d).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + pos * D + d).to(tl.float32)[None, :]
+    dtype = qo_ptr.dtype.element_ty
+    # queries
+    h = tl.arange(0, BH)[:, None]
+    hm = h < H
+    qb = q_ptr + row * (H * D) + h * D
+    x = tl.load(qb + d[None, :], mask=hm, other=0.0).to(tl.float32)
+    xr = tl.load(qb + dr[None, :], mask=hm, other=0.0).to(tl.float32)
+    a = (x * cos).to(dtype).to(tl.float32)
+    tl.store(qo_ptr + row * (H * D) + h * D + d[None, :], (a + xr * sin).to(dtype), mask=hm)
+    # keys (rotated) and values into the cache row of (slot, head, wpos)
+    g = tl.arange(0, BKV)[:, None]
+    gm = g < HKV
+    kb = k_ptr + row * (HKV * D) + g * D
+    x = tl.load(kb + d[None, :], mask=gm, other=0.0).to(tl.float32)
+    xr = tl.load(kb + dr[None, :], mask=gm, other=0.0).to(tl.float32)
+    a = (x * cos).to(dtype).to(tl.float32)
+    dst = ((slot * HKV + g) * max_len + wpos) * D + d[None, :]
+    tl.store(kc_ptr + dst, (a + xr * sin).to(dtype), mask=gm)
+    vals = tl.load(v_ptr + row * (HKV * D) + g * D + d[None, :], mask=gm, other=0.0)
+    tl.store(vc_ptr + dst, vals, mask=gm)
+
+
+@triton.jit
+def silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    dtype = o_ptr.dtype.element_ty
+    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    tl.store(o_ptr + offs, (s * u).to(dtype), mask=m)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+@triton.jit
+def _order_key(x, KB: tl.constexpr):
+    """The raw bits of ``x`` (16- or 32-bit floats) as an unsigned integer in ``[0, 2**KB)`` with the floats'
+    order (int32 for 16-bit floats, uint32 for 32-bit ones)."""
+    if KB == 16:
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32)  # sign-extended: negative floats are < 0
+        key = tl.where(bits < 0, (~bits) & 0xFFFF, bits | 0x8000)
+    else:
+        bits = x.to(tl.int32, bitcast=True)
+        key = tl.where(bits < 0, ~bits, bits ^ -2147483648).to(tl.uint32, bitcast=True)
+    return key
+
+
+@triton.jit
+def _row_max_and_total(stats_ptr, row, NC, NCP: tl.constexpr):
+    """Max of ``x / T`` over the row and ``sum(exp(x / T - max))``, from the per-chunk stats."""
+    cs = tl.arange(0, NCP)
+    cm = cs < NC
+    mc = tl.load(stats_ptr + (row * NC + cs) * 2, mask=cm, other=float("-inf"))
+    sc = tl.load(stats_ptr + (row * NC + cs) * 2 + 1, mask=cm, other=0.0)
+    m = tl.max(mc, axis=0)
+    total = tl.sum(tl.where(mc > float("-inf"), sc * tl.exp(mc - m), 0.0), axis=0)
+    return m, total
+
+
+@triton.jit
+def _hist_tile(hist_ptr, pp, row, B, NC, ch, NCP: tl.constexpr, NB: tl.constexpr):
+    """The ``(NCP, NB)`` tile of channel ``ch`` (0: mass, 1: count) of one row's per-chunk histograms."""
+    cs = tl.arange(0, NCP)[:, None]
+    bins = tl.arange(0, NB)[None, :]
+    offs = (((pp * B + row) * NC + cs) * 2 + ch) * NB + bins
+    return tl.load(hist_ptr + offs, mask=(cs < NC) & (bins < NB), other=0.0)
+
+
+@triton.jit
+def _choose_bin(h, above, target, NB: tl.constexpr):
+    """The highest bin whose tokens, with those above the bin, reach ``target``; bin 0 (keep everything in
+    range) when none does (a top-k larger than the row, or rounding)."""
+    bins = tl.arange(0, NB)
+    suffix = tl.cumsum(h, axis=0, reverse=True)  # sum over bins >= b
+    ok = (above + suffix) >= target
+    return tl.max(tl.where(ok, bins, 0), axis=0)
+
+
+@triton.jit
+def _settle_digit(hist_ptr, stf_ptr, sti_ptr, prev, row, B, NC, PREV_MODE: tl.constexpr, DB: tl.constexpr,
+                  NCP: tl.constexpr, NB: tl.constexpr):
+    """Choose the digit of pass ``prev`` from its histograms; returns the state after it and the chosen bin.
+
+    State (per pass and row): prefix (the digits chosen so far), kfloor (the top-k threshold key once the
+    top-k search is done), and the mass and count of the tokens above the prefix's range, the mass at or
+    above it, and the search's target."""
+    sbase = (prev * B + row) * 4
+    above_m = tl.load(stf_ptr + sbase)
+    above_c = tl.load(stf_ptr + sbase + 1)
+    target = tl.load(stf_ptr + sbase + 3)
+    prefix = tl.load(sti_ptr + (prev * B + row) * 2)
+    kfloor = tl.load(sti_ptr + (prev * B + row) * 2 + 1)
+    bins = tl.arange(0, NB)
+    hm = tl.sum(_hist_tile(hist_ptr, prev % 2, row, B, NC, 0, NCP, NB), axis=0)
+    if PREV_MODE == COUNT:
+        hc = tl.sum(_hist_tile(hist_ptr, prev % 2, row, B, NC, 1, NCP, NB), axis=0)
+        chosen = _choose_bin(hc, above_c, target, NB)
+        above_c = above_c + tl.sum(tl.where(bins > chosen, hc, 0.0), axis=0)
+    else:
+        chosen = _choose_bin(hm, above_m, target, NB)
+    above_m = above_m + tl.sum(tl.where(bins > chosen, hm, 0.0), axis=0)
+    incl_m = above_m + tl.sum(tl.where(bins == chosen, hm, 0.0), axis=0)
+    prefix = (prefix << DB) | chosen.to(tl.int64)
+    return prefix, kfloor, above_m, above_c, incl_m, target, chosen
+
+
+@triton.jit
+def sample_stats_kernel(x_ptr, stride, stats_ptr, bkeys_ptr, temperature, V, NC, KB: tl.constexpr, C: tl.constexpr,
+                        BLOCK: tl.constexpr, BLOCK_KEYS: tl.constexpr):
+    """Per chunk: max of ``x / T`` and ``sum(exp(x / T - max))``; with ``BLOCK_KEYS``, also the largest and
+    smallest key of every block of ``BLOCK`` tokens, so the threshold search can skip blocks unread."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    base = x_ptr + row.to(tl.int64) * stride
+    lanes = tl.arange(0, BLOCK)
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, C, BLOCK):
+        offs = c * C + start + lanes
+        valid = offs < V
+        raw = tl.load(base + offs, mask=valid, other=float("-inf"))
+        rf = raw.to(tl.float32)
+        x = rf / temperature
+        m_new = tl.maximum(m, x)
+        s = tl.where(m_new > float("-inf"), s * tl.exp(m - m_new) + tl.exp(x - m_new), 0.0)
+        m = m_new
+        if BLOCK_KEYS:  # float reductions, then keys; widened by one so that -0.0 == +0.0 cannot mislead
+            top = tl.max(rf, axis=0).to(raw.dtype)
+            bottom = tl.min(tl.where(valid, rf, float("inf")), axis=0).to(raw.dtype)
+            blk = (row * NC * (C // BLOCK) + c * (C // BLOCK) + start // BLOCK) * 2
+            tl.store(bkeys_ptr + blk, _order_key(top, KB).to(tl.int64) + 1)
+            tl.store(bkeys_ptr + blk + 1, _order_key(bottom, KB).to(tl.int64) - 1)
+    mc = tl.max(m, axis=0)
+    sc = tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - mc), 0.0), axis=0)
+    tl.store(stats_ptr + (row * NC + c) * 2, mc)
+    tl.store(stats_ptr + (row * NC + c) * 2 + 1, sc)
+
+
+@triton.jit(do_not_specialize=["step", "shift", "top_k", "top_p", "B"])
+def sample_digit_kernel(x_ptr, stride, stats_ptr, bkeys_ptr, hist_ptr, stf_ptr, sti_ptr, above_ptr, temperature, top_k,
+                        top_p, step, shift, B, V, NC, KB: tl.constexpr, DB: tl.constexpr, PREV_MODE: tl.constexpr,
+                        MODE: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, NCP: tl.constexpr):
+    """Pass ``step`` of the threshold search (``PREV_MODE`` 0 at the first pass). ``MODE`` is COUNT for a
+    digit of the top-k search and MASS for one of the top-p search; the top-p search follows the top-k one.
+    Digits are two bits (``DB == 2``)."""
+    NB: tl.constexpr = 1 << DB
+    tl.static_assert(DB == 2)
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    m, total = _row_max_and_total(stats_ptr, row, NC, NCP)
+    bins = tl.arange(0, NB)
+    if PREV_MODE == 0:
+        prefix = tl.zeros([], tl.int64)
+        kfloor = tl.zeros([], tl.int64)
+        above_m = 0.0
+        above_c = 0.0
+        incl_m = total
+        if MODE == COUNT:
+            target = top_k.to(tl.float32)
+        else:
+            target = top_p * total
+        chunk_above = 0.0
+    else:
+        prefix, kfloor, above_m, above_c, incl_m, target, chosen = _settle_digit(
+            hist_ptr, stf_ptr, sti_ptr, step - 1, row, B, NC, PREV_MODE, DB, NCP, NB)
+        own = tl.load(hist_ptr + ((((step - 1) % 2) * B + row) * NC + c) * 2 * NB + bins)
+        chunk_above = tl.load(above_ptr + row * NC + c) + tl.sum(tl.where(bins > chosen, own, 0.0), axis=0)
+        if PREV_MODE != MODE:  # top-k settled: its threshold becomes a floor, the top-p search starts
+            kfloor = prefix
+            target = top_p * incl_m
+            prefix = tl.zeros([], tl.int64)
+            above_m = 0.0
+            above_c = 0.0
+            chunk_above = 0.0
+    if c == 0:
+        tl.store(stf_ptr + (step * B + row) * 4, above_m)
+        tl.store(stf_ptr + (step * B + row) * 4 + 1, above_c)
+        tl.store(stf_ptr + (step * B + row) * 4 + 2, incl_m)
+        tl.store(stf_ptr + (step * B + row) * 4 + 3, target)
+        tl.store(sti_ptr + (step * B + row) * 2, prefix)
+        tl.store(sti_ptr + (step * B + row) * 2 + 1, kfloor)
+    tl.store(above_ptr + row * NC + c, chunk_above)
+
+    # this chunk's histogram of the next digit (four bins: four accumulators in registers, no reduction
+    # inside the loop) over the tokens under the prefix and at or above kfloor; blocks whose key range
+    # misses that range are not read (late digits, top-k, peaked rows)
+    base = x_ptr + row.to(tl.int64) * stride
+    lanes = tl.arange(0, BLOCK)
+    lo = tl.maximum(prefix << (shift + DB), kfloor)
+    hi = ((prefix + 1) << (shift + DB)) - 1
+    m0 = tl.zeros([BLOCK], tl.float32)
+    m1 = tl.zeros([BLOCK], tl.float32)
+    m2 = tl.zeros([BLOCK], tl.float32)
+    m3 = tl.zeros([BLOCK], tl.float32)
+    c0 = tl.zeros([BLOCK], tl.int32)
+    c1 = tl.zeros([BLOCK], tl.int32)
+    c2 = tl.zeros([BLOCK], tl.int32)
+    c3 = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, C, BLOCK):
+        blk = (row * NC * (C // BLOCK) + c * (C // BLOCK) + start // BLOCK) * 2
+        if (tl.load(bkeys_ptr + blk) >= lo) & (tl.load(bkeys_ptr + blk + 1) <= hi):
+            offs = c * C + start + lanes
+            valid = offs < V
+            raw = tl.load(base + offs, mask=valid, other=0.0)
+            key = _order_key(raw, KB)
+            high = key >> shift
+            sel = valid & ((high >> DB) == prefix.to(key.dtype)) & (key >= kfloor.to(key.dtype))
+            digit = tl.where(sel, (high & 3).to(tl.int32), 4)
+            w = tl.exp(raw.to(tl.float32) / temperature - m)
+            m0 += tl.where(digit == 0, w, 0.0)
+            m1 += tl.where(digit == 1, w, 0.0)
+            m2 += tl.where(digit == 2, w, 0.0)
+            m3 += tl.where(digit == 3, w, 0.0)
+            if MODE == COUNT:
+                c0 += (digit == 0).to(tl.int32)
+                c1 += (digit == 1).to(tl.int32)
+                c2 += (digit == 2).to(tl.int32)
+                c3 += (digit == 3).to(tl.int32)
+    out = hist_ptr + (((step % 2) * B + row) * NC + c) * 2 * NB
+    tl.store(out, tl.sum(m0, axis=0))
+    tl.store(out + 1, tl.sum(m1, axis=0))
+    tl.store(out + 2, tl.sum(m2, axis=0))
+    tl.store(out + 3, tl.sum(m3, axis=0))
+    if MODE == COUNT:
+        tl.store(out + NB, tl.sum(c0, axis=0).to(tl.float32))
+        tl.store(out + NB + 1, tl.sum(c1, axis=0).to(tl.float32))
+        tl.store(out + NB + 2, tl.sum(c2, axis=0).to(tl.float32))
+        tl.store(out + NB + 3, tl.sum(c3, axis=0).to(tl.float32))
+
+
+@triton.jit(do_not_specialize=["seed", "last", "B"])
+def sample_final_kernel(x_ptr, stride, stats_ptr, hist_ptr, stf_ptr, sti_ptr, above_ptr, tok_ptr, lp_ptr, kf_ptr,
+                        temperature, seed, last, B, V, NC, KB: tl.constexpr, DB: tl.constexpr,
+                        PREV_MODE: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, NCP: tl.constexpr):
+    """One program per row: settle the last digit of pass ``last`` (``PREV_MODE`` 0: no filter), draw."""
+    NB: tl.constexpr = 1 << DB
+    row = tl.program_id(0)
+    m, total = _row_max_and_total(stats_ptr, row, NC, NCP)
+    cs = tl.arange(0, NCP)
+    cm = cs < NC
+    if PREV_MODE == 0:
+        keep_from = tl.zeros([], tl.int64)
+        mc = tl.load(stats_ptr + (row * NC + cs) * 2, mask=cm, other=float("-inf"))
+        sc = tl.load(stats_ptr + (row * NC + cs) * 2 + 1, mask=cm, other=0.0)
+        kept = tl.where(mc > float("-inf"), sc * tl.exp(mc - m), 0.0)
+    else:
+        prefix, kfloor, above_m, above_c, incl_m, target, chosen = _settle_digit(
+            hist_ptr, stf_ptr, sti_ptr, last, row, B, NC, PREV_MODE, DB, NCP, NB)
+        keep_from = tl.maximum(prefix, kfloor)
+        bins = tl.arange(0, NB)[None, :]
+        tile = _hist_tile(hist_ptr, last % 2, row, B, NC, 0, NCP, NB)
+        kept = tl.load(above_ptr + row * NC + cs, mask=cm, other=0.0) + tl.sum(tl.where(bins >= chosen, tile, 0.0),
+                                                                              axis=1)
+    # the chunk where the cumulative kept mass crosses u * (kept total)
+    goal = tl.rand(seed, row) * tl.sum(kept, axis=0)
+    cum = tl.cumsum(kept, axis=0)
+    chunk = tl.sum(((cum <= goal) & cm).to(tl.int32), axis=0)
+    chunk = tl.minimum(chunk, tl.max(tl.where(kept > 0.0, cs, 0), axis=0))
+    goal -= tl.sum(tl.where(cs < chunk, kept, 0.0), axis=0)
+    # ... and the token inside it
+    base = x_ptr + row.to(tl.int64) * stride
+    lanes = tl.arange(0, BLOCK)
+    run = tl.zeros([], tl.float32)
+    choice = tl.full([], 2**31 - 1, tl.int32)  # first token whose running mass passes the goal
+    fallback = tl.full([], -1, tl.int32)  # last kept token of the chunk, if rounding leaves the goal unreached
+    for start in range(0, C, BLOCK):
+        offs = chunk * C + start + lanes
+        valid = offs < V
+        raw = tl.load(base + offs, mask=valid, other=0.0)
+        key = _order_key(raw, KB)
+        keep = valid & (key >= keep_from.to(key.dtype))
+        w = tl.where(keep, tl.exp(raw.to(tl.float32) / temperature - m), 0.0)
+        passed = keep & ((tl.cumsum(w, axis=0) + run) > goal)
+        choice = tl.minimum(choice, tl.min(tl.where(passed, offs, 2**31 - 1), axis=0))
+        fallback = tl.maximum(fallback, tl.max(tl.where(keep, offs, -1), axis=0))
+        run += tl.sum(w, axis=0)
+    choice = tl.where(choice < 2**31 - 1, choice, fallback)
+    choice = tl.maximum(choice, 0)
+    chosen_x = tl.load(base + choice).to(tl.float32) / temperature
+    tl.store(tok_ptr + row, choice.to(tl.int64))
+    tl.store(lp_ptr + row, chosen_x - m - tl.log(total))
+    tl.store(kf_ptr + row, keep_from)
