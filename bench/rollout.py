@@ -187,9 +187,12 @@ def main(argv=None) -> None:
                                 ("top_p=0.9 only", {"top_p": 0.9}),
                                 ("top_k=50 only", {"top_k": 50}),
                                 ("enforce_eager", {"enforce_eager": True})):
-                seconds = run_ours(model, prompts, response_len, n, device, 2, **extra)[0]  # best of 2: warm
+                seconds, _, _, extra_stats = run_ours(model, prompts, response_len, n, device, 2, **extra)  # 1st warms
+                step_ms = 1000 * extra_stats["decode_s"] / max(extra_stats["decode_steps"], 1)
                 case[f"ours_{name}_tok_s"] = tokens / seconds
-                print(f"{label}: ours {name}: {tokens / seconds:.0f} tok/s", flush=True)
+                case[f"ours_{name}_decode_ms_per_step"] = step_ms
+                print(f"{label}: ours {name}: {tokens / seconds:.0f} tok/s, decode {step_ms:.2f} ms per step "
+                      f"(pure sampling: {1000 * stats['decode_s'] / max(stats['decode_steps'], 1):.2f})", flush=True)
         if "hf_tok_s" in case:
             case["ratio"] = case["ours_tok_s"] / case["hf_tok_s"]
             print(f"{label}: ratio {case['ratio']:.2f}x", flush=True)

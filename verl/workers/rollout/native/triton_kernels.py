@@ -115,6 +115,36 @@ def _choose_bin(h, above, target, NB: tl.constexpr):
 
 
 @triton.jit
+def _key_value(key, dtype, KB: tl.constexpr):
+    """The float (as float32) whose order key is ``key`` (the inverse of ``_order_key``)."""
+    if KB == 16:
+        bits = tl.where(key >= 0x8000, key ^ 0x8000, (~key) & 0xFFFF).to(tl.int16)
+    else:
+        bits = tl.where(key >= 0x80000000, key ^ 0x80000000, (~key) & 0xFFFFFFFF).to(tl.int32)
+    return bits.to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _search_floor(bkeys_ptr, row, NBLK, m, total, top_k, top_p, temperature, dtype, MODE: tl.constexpr,
+                  KB: tl.constexpr, NBLKP: tl.constexpr):
+    """A key the threshold cannot lie below, from the blocks' largest keys (each is one token's key):
+    for top-k the k-th largest of them (at least k tokens reach it); for top-p the largest one whose
+    blocks' maxima alone carry ``top_p`` of the probability. 0 (no floor) when there is none. Blocks
+    below the floor are then never read, which is most blocks for top-k and for peaked rows."""
+    i = tl.arange(0, NBLKP)
+    # the stored maxima are widened by one key (see sample_stats_kernel): take one off for a lower bound
+    tops = tl.maximum(tl.load(bkeys_ptr + (row * NBLK + i) * 2, mask=i < NBLK, other=0) - 1, 0)
+    tops = tl.sort(tops, descending=True)
+    if MODE == COUNT:
+        floor = tl.sum(tl.where(i == top_k - 1, tops, 0), axis=0)
+    else:
+        w = tl.where(tops > 0, tl.exp(_key_value(tops, dtype, KB) / temperature - m), 0.0)
+        first = tl.min(tl.where(tl.cumsum(w, axis=0) >= top_p * total, i, NBLKP), axis=0)
+        floor = tl.sum(tl.where(i == first, tops, 0), axis=0)
+    return floor
+
+
+@triton.jit
 def _settle_digit(hist_ptr, stf_ptr, sti_ptr, prev, row, B, NC, PREV_MODE: tl.constexpr, DB: tl.constexpr,
                   NCP: tl.constexpr, NB: tl.constexpr):
     """Choose the digit of pass ``prev`` from its histograms; returns the state after it and the chosen bin.
@@ -177,7 +207,8 @@ def sample_stats_kernel(x_ptr, stride, stats_ptr, bkeys_ptr, temperature, V, NC,
 @triton.jit(do_not_specialize=["step", "shift", "top_k", "top_p", "B"])
 def sample_digit_kernel(x_ptr, stride, stats_ptr, bkeys_ptr, hist_ptr, stf_ptr, sti_ptr, above_ptr, temperature, top_k,
                         top_p, step, shift, B, V, NC, KB: tl.constexpr, DB: tl.constexpr, PREV_MODE: tl.constexpr,
-                        MODE: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, NCP: tl.constexpr):
+                        MODE: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr, NCP: tl.constexpr,
+                        NBLKP: tl.constexpr):
     """Pass ``step`` of the threshold search (``PREV_MODE`` 0 at the first pass). ``MODE`` is COUNT for a
     digit of the top-k search and MASS for one of the top-p search; the top-p search follows the top-k one.
     Digits are two bits (``DB == 2``)."""
@@ -189,7 +220,8 @@ def sample_digit_kernel(x_ptr, stride, stats_ptr, bkeys_ptr, hist_ptr, stf_ptr, 
     bins = tl.arange(0, NB)
     if PREV_MODE == 0:
         prefix = tl.zeros([], tl.int64)
-        kfloor = tl.zeros([], tl.int64)
+        kfloor = _search_floor(bkeys_ptr, row, NC * (C // BLOCK), m, total, top_k, top_p, temperature,
+                               x_ptr.dtype.element_ty, MODE, KB, NBLKP)
         above_m = 0.0
         above_c = 0.0
         incl_m = total

@@ -134,7 +134,8 @@ def _sample(logits, temperature, top_k, top_p, seed, *, chunk=8192, block=1024):
         k.sample_digit_kernel[(b, num_chunks)](
             logits, logits.stride(0), stats, bkeys, hist, stf, sti, above, float(temperature), int(top_k), float(top_p),
             step, key_bits - digit_bits * (digit + 1), b, V, num_chunks, KB=key_bits, DB=digit_bits,
-            PREV_MODE=prev, MODE=mode, C=chunk, BLOCK=block, NCP=ncp, num_warps=4)
+            PREV_MODE=prev, MODE=mode, C=chunk, BLOCK=block, NCP=ncp, NBLKP=_next_pow2(bkeys.shape[1]),
+            num_warps=4)
         prev = mode
     k.sample_final_kernel[(b,)](logits, logits.stride(0), stats, hist, stf, sti, above, tokens, log_probs, keep_from,
                                 float(temperature), int(seed), len(passes) - 1, b, V, num_chunks, KB=key_bits,
