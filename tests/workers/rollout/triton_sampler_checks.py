@@ -46,6 +46,16 @@ def hand_worked():
             assert got == want, (dtype, top_k, top_p, got, want)
 
 
+def signed_zeros():
+    """-0.0 == +0.0: a tie at zero is kept whole (the keys give both the same rank)."""
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.tensor([[0.0, -0.0, -1.0, -2.0, -0.0, -3.0, 0.0, -5.0]], dtype=dtype)
+        for top_k, top_p in [(1, 1.0), (0, 0.3)]:
+            _, _, keep_from = triton_ops._sample(logits, 1.0, top_k, top_p, 3, chunk=4, block=2)
+            got = torch.nonzero(triton_ops.order_key(logits[0]) >= keep_from[0]).flatten().tolist()
+            assert got == [0, 1, 4, 6], (dtype, top_k, top_p, got)
+
+
 def random_rows():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 61, generator=g) * 2
@@ -80,12 +90,18 @@ def frequencies_and_seeds():
     again, _ = triton_ops.sample(logits, 1.0, 0, 1.0, 17, chunk=4, block=4)
     other, _ = triton_ops.sample(logits, 1.0, 0, 1.0, 18, chunk=4, block=4)
     assert torch.equal(tokens, again) and not torch.equal(tokens, other)
+    # tokens of probability zero (-inf logits) are never drawn, with or without filters
+    inf = float("-inf")
+    masked = torch.tensor([inf, 1.0, inf, inf, 0.5, inf, inf, inf], dtype=torch.bfloat16).expand(30, 8).contiguous()
+    for top_k in (0, 6):
+        drawn, log_probs = triton_ops.sample(masked, 1.0, top_k, 1.0, 5, chunk=4, block=4)
+        assert set(drawn.tolist()) <= {1, 4} and torch.isfinite(log_probs).all(), (top_k, drawn)
 
 
 if __name__ == "__main__":
     import time
 
-    for check in (hand_worked, random_rows, frequencies_and_seeds):
+    for check in (hand_worked, signed_zeros, random_rows, frequencies_and_seeds):
         start = time.perf_counter()
         check()
         print(f"{check.__name__}: ok ({time.perf_counter() - start:.1f} s)", flush=True)

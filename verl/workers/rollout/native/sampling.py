@@ -28,7 +28,11 @@ def filter_logits(logits: torch.Tensor, scaled: torch.Tensor, top_k: int, top_p:
     if 0 < top_k < logits.shape[-1]:
         keep = logits >= logits.topk(top_k, dim=-1).values[:, -1:]
     if top_p < 1.0:
-        values, order = scaled.masked_fill(~keep, float("-inf")).sort(dim=-1, descending=True)
+        masked = scaled.masked_fill(~keep, float("-inf"))
+        if 0 < top_k < logits.shape[-1]:  # sort only what top-k kept (ties may make it more than k)
+            values, order = masked.topk(int(keep.sum(dim=-1).max()), dim=-1)
+        else:
+            values, order = masked.sort(dim=-1, descending=True)
         probs = values.softmax(dim=-1)
         last = ((probs.cumsum(dim=-1) - probs) < top_p).sum(dim=-1, keepdim=True).clamp(min=1) - 1
         keep &= logits >= logits.gather(-1, order.gather(-1, last))

@@ -73,13 +73,15 @@ def silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
 @triton.jit
 def _order_key(x, KB: tl.constexpr):
     """The raw bits of ``x`` (16- or 32-bit floats) as an unsigned integer in ``[0, 2**KB)`` with the floats'
-    order (int32 for 16-bit floats, uint32 for 32-bit ones)."""
+    order (int32 for 16-bit floats, uint32 for 32-bit ones); -0.0 gets the key of +0.0, as they are equal."""
     if KB == 16:
         bits = x.to(tl.int16, bitcast=True).to(tl.int32)  # sign-extended: negative floats are < 0
         key = tl.where(bits < 0, (~bits) & 0xFFFF, bits | 0x8000)
+        key = tl.where(key == 0x7FFF, 0x8000, key)
     else:
         bits = x.to(tl.int32, bitcast=True)
-        key = tl.where(bits < 0, ~bits, bits ^ -2147483648).to(tl.uint32, bitcast=True)
+        key = tl.where(bits < 0, ~bits, bits ^ -2147483648)
+        key = tl.where(key == 0x7FFFFFFF, -2147483648, key).to(tl.uint32, bitcast=True)
     return key
 
 
@@ -132,8 +134,7 @@ def _search_floor(bkeys_ptr, row, NBLK, m, total, top_k, top_p, temperature, dty
     blocks' maxima alone carry ``top_p`` of the probability. 0 (no floor) when there is none. Blocks
     below the floor are then never read, which is most blocks for top-k and for peaked rows."""
     i = tl.arange(0, NBLKP)
-    # the stored maxima are widened by one key (see sample_stats_kernel): take one off for a lower bound
-    tops = tl.maximum(tl.load(bkeys_ptr + (row * NBLK + i) * 2, mask=i < NBLK, other=0) - 1, 0)
+    tops = tl.load(bkeys_ptr + (row * NBLK + i) * 2, mask=i < NBLK, other=0)
     tops = tl.sort(tops, descending=True)
     if MODE == COUNT:
         floor = tl.sum(tl.where(i == top_k - 1, tops, 0), axis=0)
@@ -192,12 +193,12 @@ def sample_stats_kernel(x_ptr, stride, stats_ptr, bkeys_ptr, temperature, V, NC,
         m_new = tl.maximum(m, x)
         s = tl.where(m_new > float("-inf"), s * tl.exp(m - m_new) + tl.exp(x - m_new), 0.0)
         m = m_new
-        if BLOCK_KEYS:  # float reductions, then keys; widened by one so that -0.0 == +0.0 cannot mislead
+        if BLOCK_KEYS:  # float reductions, then keys
             top = tl.max(rf, axis=0).to(raw.dtype)
             bottom = tl.min(tl.where(valid, rf, float("inf")), axis=0).to(raw.dtype)
             blk = (row * NC * (C // BLOCK) + c * (C // BLOCK) + start // BLOCK) * 2
-            tl.store(bkeys_ptr + blk, _order_key(top, KB).to(tl.int64) + 1)
-            tl.store(bkeys_ptr + blk + 1, _order_key(bottom, KB).to(tl.int64) - 1)
+            tl.store(bkeys_ptr + blk, _order_key(top, KB).to(tl.int64))
+            tl.store(bkeys_ptr + blk + 1, _order_key(bottom, KB).to(tl.int64))
     mc = tl.max(m, axis=0)
     sc = tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - mc), 0.0), axis=0)
     tl.store(stats_ptr + (row * NC + c) * 2, mc)
@@ -326,13 +327,15 @@ def sample_final_kernel(x_ptr, stride, stats_ptr, hist_ptr, stf_ptr, sti_ptr, ab
     cum = tl.cumsum(kept, axis=0)
     chunk = tl.sum(((cum <= goal) & cm).to(tl.int32), axis=0)
     chunk = tl.minimum(chunk, tl.max(tl.where(kept > 0.0, cs, 0), axis=0))
-    goal -= tl.sum(tl.where(cs < chunk, kept, 0.0), axis=0)
+    goal = tl.maximum(goal - tl.sum(tl.where(cs == chunk - 1, cum, 0.0), axis=0), 0.0)  # the same sums as ``cum``
     # ... and the token inside it
     base = x_ptr + row.to(tl.int64) * stride
     lanes = tl.arange(0, BLOCK)
     run = tl.zeros([], tl.float32)
-    choice = tl.full([], 2**31 - 1, tl.int32)  # first token whose running mass passes the goal
-    fallback = tl.full([], -1, tl.int32)  # last kept token of the chunk, if rounding leaves the goal unreached
+    # the first token of positive weight whose running mass passes the goal; if the walk's sums, taken in
+    # another order than the chunk's, round below the goal: the chunk's last token of positive weight
+    choice = tl.full([], 2**31 - 1, tl.int32)
+    fallback = tl.full([], -1, tl.int32)
     for start in range(0, C, BLOCK):
         offs = chunk * C + start + lanes
         valid = offs < V
@@ -340,9 +343,9 @@ def sample_final_kernel(x_ptr, stride, stats_ptr, hist_ptr, stf_ptr, sti_ptr, ab
         key = _order_key(raw, KB)
         keep = valid & (key >= keep_from.to(key.dtype))
         w = tl.where(keep, tl.exp(raw.to(tl.float32) / temperature - m), 0.0)
-        passed = keep & ((tl.cumsum(w, axis=0) + run) > goal)
+        passed = (w > 0.0) & ((tl.cumsum(w, axis=0) + run) > goal)
         choice = tl.minimum(choice, tl.min(tl.where(passed, offs, 2**31 - 1), axis=0))
-        fallback = tl.maximum(fallback, tl.max(tl.where(keep, offs, -1), axis=0))
+        fallback = tl.maximum(fallback, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
         run += tl.sum(w, axis=0)
     choice = tl.where(choice < 2**31 - 1, choice, fallback)
     choice = tl.maximum(choice, 0)

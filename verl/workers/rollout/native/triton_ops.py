@@ -91,11 +91,12 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, s
 
 def order_key(x: torch.Tensor) -> torch.Tensor:
     """The keys the threshold search orders tokens by: the raw bits of ``x`` (bf16/fp16/fp32) mapped to
-    int64 so that integer order is float order."""
+    int64 so that integer order is float order (-0.0 takes the key of +0.0)."""
     bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
     width = 8 * x.element_size()
     raw = x.contiguous().view(bits).long()
-    return torch.where(raw < 0, (~raw) & ((1 << width) - 1), raw | (1 << (width - 1)))
+    key = torch.where(raw < 0, (~raw) & ((1 << width) - 1), raw | (1 << (width - 1)))
+    return key.masked_fill(key == (1 << (width - 1)) - 1, 1 << (width - 1))
 
 
 def _sample(logits, temperature, top_k, top_p, seed, *, chunk=8192, block=1024):
