@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
+from verl.utils.registry import Registry
+
 __all__ = ["register", "get_reward_manager_cls", "registered_reward_managers"]
 
-_REGISTRY: dict[str, type] = {}
+_REGISTRY = Registry("reward manager", "reward_model.reward_manager")
 
 
 def register(name: str):
     """Class decorator adding a reward manager under ``name``."""
-
-    def decorator(cls: type) -> type:
-        current = _REGISTRY.get(name)
-        if current is not None and current is not cls:
-            raise ValueError(f"reward manager {name!r} is already registered as {current.__qualname__}")
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorator
+    return _REGISTRY.register(name)
 
 
 def registered_reward_managers() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_reward_manager_cls(name: str) -> type:
-    if name not in _REGISTRY:
-        raise ValueError(f"Unknown reward manager {name!r} (reward_model.reward_manager). "
-                         f"Registered: {registered_reward_managers()}")
-    return _REGISTRY[name]
+    return _REGISTRY.lookup(name)

@@ -20,6 +20,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.config import config_get
+from verl.utils.registry import Registry
 
 __all__ = [
     "BaseRollout",
@@ -34,7 +35,7 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- registry
 
-_ROLLOUTS: dict[str, type] = {}
+_ROLLOUTS = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 
 # Engines of the original verl that this project does not ship: name -> the package providing it.
 EXTERNAL_ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
@@ -42,19 +43,11 @@ EXTERNAL_ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"
 
 def register_rollout(name: str):
     """Class decorator adding a rollout engine under ``actor_rollout_ref.rollout.name=<name>``."""
-
-    def decorator(cls: type) -> type:
-        current = _ROLLOUTS.get(name)
-        if current is not None and current is not cls:
-            raise ValueError(f"rollout engine {name!r} is already registered as {current.__qualname__}")
-        _ROLLOUTS[name] = cls
-        return cls
-
-    return decorator
+    return _ROLLOUTS.register(name)
 
 
 def registered_rollouts() -> list[str]:
-    return sorted(_ROLLOUTS)
+    return _ROLLOUTS.names()
 
 
 def get_rollout_class(name: str) -> type:

@@ -11,10 +11,10 @@ import torch
 
 from verl.trainer.ppo.core_algos.registry import (
     AdvantageEstimator,
-    _as_name,
     get_adv_estimator_fn,
     register_adv_est,
 )
+from verl.utils.registry import as_name
 from verl.utils.torch_functional import masked_whiten
 
 
@@ -69,7 +69,7 @@ def compute_advantage(
                 why = "which was None"
             else:
                 why = f"which compute_advantage does not provide (it passes {', '.join(inputs)})"
-            raise ValueError(f"advantage estimator {_as_name(name)!r} needs `{param.name}`, {why}.")
+            raise ValueError(f"advantage estimator {as_name(name)!r} needs `{param.name}`, {why}.")
     if takes_any:
         kwargs.update({k: v for k, v in inputs.items() if v is not None and k not in kwargs})
     with torch.no_grad():
