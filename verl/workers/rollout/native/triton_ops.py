@@ -50,8 +50,9 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     assert keys.is_contiguous() and values.is_contiguous() and cos_table.is_contiguous() and sin_table.is_contiguous()
     out = torch.empty_like(q)
-    _kernels().rope_kv_kernel[(b,)](q, k, v, cos_table, sin_table, positions, write_pos, slot_ids, out, keys, values,
-                            keys.shape[2], H=H, HKV=HKV, D=D, BH=_next_pow2(H), BKV=_next_pow2(HKV), num_warps=2)
+    _kernels().rope_kv_kernel[(b,)](q, k, v, cos_table, sin_table, positions, write_pos, slot_ids, out, keys,
+                                    values, keys.shape[2], H=H, HKV=HKV, D=D, BH=_next_pow2(H), BKV=_next_pow2(HKV),
+                                    num_warps=2)
     return out
 
 
