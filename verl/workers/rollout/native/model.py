@@ -179,14 +179,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
-def _attention_inputs(w: DecoderWeights, lw: LayerWeights, h: torch.Tensor, cos, sin):
-    """q ``(..., H, D)``, k and v ``(..., Hkv, D)`` with RoPE (and Qwen3's q/k norms) applied."""
+def _projections(w: DecoderWeights, lw: LayerWeights, h: torch.Tensor):
+    """q ``(..., H, D)``, k and v ``(..., Hkv, D)`` before RoPE (Qwen3's q/k norms applied)."""
     q = F.linear(h, lw.q, lw.q_bias).unflatten(-1, (w.num_heads, w.head_dim))
     k = F.linear(h, lw.k, lw.k_bias).unflatten(-1, (w.num_kv_heads, w.head_dim))
     v = F.linear(h, lw.v, lw.v_bias).unflatten(-1, (w.num_kv_heads, w.head_dim))
     if lw.q_norm is not None:
         q = _rms_norm(q, lw.q_norm, w.eps)
         k = _rms_norm(k, lw.k_norm, w.eps)
+    return q, k, v
+
+
+def _attention_inputs(w: DecoderWeights, lw: LayerWeights, h: torch.Tensor, cos, sin):
+    """q ``(..., H, D)``, k and v ``(..., Hkv, D)`` with RoPE (and Qwen3's q/k norms) applied."""
+    q, k, v = _projections(w, lw, h)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
@@ -282,13 +288,7 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
     for i, lw in enumerate(w.layers):
         keys, values = cache.k[i], cache.v[i]
         if fuse_rope:
-            h = _rms_norm(x, lw.input_norm, w.eps)
-            q = F.linear(h, lw.q, lw.q_bias).unflatten(-1, (w.num_heads, w.head_dim))
-            k = F.linear(h, lw.k, lw.k_bias).unflatten(-1, (w.num_kv_heads, w.head_dim))
-            v = F.linear(h, lw.v, lw.v_bias).unflatten(-1, (w.num_kv_heads, w.head_dim))
-            if lw.q_norm is not None:
-                q = _rms_norm(q, lw.q_norm, w.eps)
-                k = _rms_norm(k, lw.k_norm, w.eps)
+            q, k, v = _projections(w, lw, _rms_norm(x, lw.input_norm, w.eps))
             # RoPE of q and k, and the cache write of k and v, in one kernel.
             q = triton_ops.rope_kv_write(q, k, v, cos_table, sin_table, positions, write_pos, slot_ids, keys, values)
         else:
