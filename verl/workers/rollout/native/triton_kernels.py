@@ -25,6 +25,16 @@ MASS = tl.constexpr(2)
 
 # ---------------------------------------------------------------------------------------------- decode ops
 @triton.jit
+def _rope_rows(base, d, dr, cos, sin, mask, dtype):
+    """RoPE of the ``(rows, D)`` tile at ``base + row * D``, rounded like the torch ops: ``x * cos`` to the
+    dtype, then ``+ roll(x) * sin``."""
+    x = tl.load(base + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(base + dr[None, :], mask=mask, other=0.0).to(tl.float32)
+    a = (x * cos).to(dtype).to(tl.float32)
+    return (a + xr * sin).to(dtype)
+
+
+@triton.jit
 def rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slot_ptr, qo_ptr, kc_ptr, vc_ptr,
                    max_len, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BH: tl.constexpr,
                    BKV: tl.constexpr):
@@ -40,20 +50,14 @@ def rope_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, wpos_ptr, slo
     # queries
     h = tl.arange(0, BH)[:, None]
     hm = h < H
-    qb = q_ptr + row * (H * D) + h * D
-    x = tl.load(qb + d[None, :], mask=hm, other=0.0).to(tl.float32)
-    xr = tl.load(qb + dr[None, :], mask=hm, other=0.0).to(tl.float32)
-    a = (x * cos).to(dtype).to(tl.float32)
-    tl.store(qo_ptr + row * (H * D) + h * D + d[None, :], (a + xr * sin).to(dtype), mask=hm)
+    q = _rope_rows(q_ptr + row * (H * D) + h * D, d, dr, cos, sin, hm, dtype)
+    tl.store(qo_ptr + row * (H * D) + h * D + d[None, :], q, mask=hm)
     # keys (rotated) and values into the cache row of (slot, head, wpos)
     g = tl.arange(0, BKV)[:, None]
     gm = g < HKV
-    kb = k_ptr + row * (HKV * D) + g * D
-    x = tl.load(kb + d[None, :], mask=gm, other=0.0).to(tl.float32)
-    xr = tl.load(kb + dr[None, :], mask=gm, other=0.0).to(tl.float32)
-    a = (x * cos).to(dtype).to(tl.float32)
+    k = _rope_rows(k_ptr + row * (HKV * D) + g * D, d, dr, cos, sin, gm, dtype)
     dst = ((slot * HKV + g) * max_len + wpos) * D + d[None, :]
-    tl.store(kc_ptr + dst, (a + xr * sin).to(dtype), mask=gm)
+    tl.store(kc_ptr + dst, k, mask=gm)
     vals = tl.load(v_ptr + row * (HKV * D) + g * D + d[None, :], mask=gm, other=0.0)
     tl.store(vc_ptr + dst, vals, mask=gm)
 
