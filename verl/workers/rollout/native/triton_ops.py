@@ -74,9 +74,6 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-_COUNT, _MASS = 1, 2
-
-
 def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int, *, chunk: int = 8192,
            block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``(b,)`` drawn from ``softmax(logits / temperature)`` after top-k then top-p filtering, and
@@ -84,8 +81,8 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, s
 
     Same filters as ``sampling.sample`` (see there for the tie rule); no sort: a radix search over the
     logits' order-preserving keys, two bits per pass over the row, finds each filter's threshold (8 passes
-    per filter for bf16/fp16 logits, 16 for fp32), then one draw
-    by inverse CDF with Philox noise keyed by ``(seed, row)``. Rows are split into chunks of ``chunk``
+    per filter for bf16/fp16 logits, 16 for fp32), then one draw by inverse CDF with Philox noise keyed by
+    ``(seed, row)``. Rows are split into chunks of ``chunk``
     tokens, one program per (row, chunk)."""
     return _sample(logits, temperature, top_k, top_p, seed, chunk=chunk, block=block)[:2]
 
@@ -116,7 +113,8 @@ def _sample(logits, temperature, top_k, top_p, seed, *, chunk=8192, block=1024):
     if not b:
         return tokens, log_probs, keep_from
     digits = key_bits // digit_bits
-    passes = ([_COUNT] * digits if 0 < top_k < V else []) + ([_MASS] * digits if top_p < 1.0 else [])
+    count, mass = k.COUNT.value, k.MASS.value
+    passes = ([count] * digits if 0 < top_k < V else []) + ([mass] * digits if top_p < 1.0 else [])
     chunk = min(_next_pow2(chunk), _next_pow2(V))
     block = min(_next_pow2(block), chunk)
     num_chunks = _cdiv(V, chunk)
@@ -132,10 +130,9 @@ def _sample(logits, temperature, top_k, top_p, seed, *, chunk=8192, block=1024):
     above = torch.empty(b, num_chunks, dtype=torch.float32, device=device)
     prev = 0
     for step, mode in enumerate(passes):
-        digit = step if (mode == _COUNT or passes[0] == _MASS) else step - digits
         k.sample_digit_kernel[(b, num_chunks)](
             logits, logits.stride(0), stats, bkeys, hist, stf, sti, above, float(temperature), int(top_k), float(top_p),
-            step, key_bits - digit_bits * (digit + 1), b, V, num_chunks, KB=key_bits, DB=digit_bits,
+            step, key_bits - digit_bits * (step % digits + 1), b, V, num_chunks, KB=key_bits, DB=digit_bits,
             PREV_MODE=prev, MODE=mode, C=chunk, BLOCK=block, NCP=ncp, NBLKP=_next_pow2(bkeys.shape[1]),
             num_warps=4)
         prev = mode
