@@ -94,6 +94,16 @@ def _check_tied(model: torch.nn.Module) -> None:
                            "parameter after sharding.")
 
 
+def _to_floats(metrics: dict[str, list]) -> dict[str, list]:
+    """Each list's 0-d tensors as Python floats, read from the device in one transfer."""
+    tensors = [v for values in metrics.values() for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return dict(metrics)
+    floats = iter(torch.stack([t.detach().float().reshape(()) for t in tensors]).tolist())
+    return {key: [next(floats) if isinstance(v, torch.Tensor) else v for v in values]
+            for key, values in metrics.items()}
+
+
 class FSDPEngine:
     """One FSDP2-sharded model with its optimizer, LR schedule, offload and checkpoint I/O.
 
@@ -149,7 +159,8 @@ class FSDPEngine:
     def train_step(self, micro_batches: Iterable, loss_fn: LossFn) -> dict:
         """One optimizer step over ``micro_batches`` (gradient accumulation), collective over all ranks.
 
-        ``loss_fn(module, micro_batch)`` returns ``loss`` or ``(loss, metrics)``. The engine calls
+        ``loss_fn(module, micro_batch)`` returns ``loss`` or ``(loss, metrics)``; a metric may be a
+        0-d tensor (read once after the last micro-batch, so the loop never waits on the device). The engine calls
         ``loss.backward()`` as is: the loss must already be scaled to its share of this rank's
         mini-batch (e.g. ``× micro_size / mini_size``, or its share of the tokens), so the accumulated
         gradient is the gradient of the rank's mini-batch loss; FSDP then averages it over ranks.
@@ -165,14 +176,17 @@ class FSDPEngine:
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         results: dict = defaultdict(list)
-        total_loss = 0.0
+        losses = []
         for micro_batch in micro_batches:
             out = loss_fn(self.module, micro_batch)
             loss, metrics = out if isinstance(out, tuple) else (out, {})
             loss.backward()
-            total_loss += float(loss.detach())
+            losses.append(loss.detach())
             for key, value in metrics.items():
                 results[key].append(value)
+        # Metrics may be device tensors: read them all with one host sync, after the last backward.
+        total_loss = float(torch.stack(losses).sum()) if losses else 0.0
+        results = _to_floats(results)
         grad_norm = self.clip_grad_norm()
         lr = self.get_lr()
         skipped = not math.isfinite(grad_norm)
@@ -243,10 +257,13 @@ class FSDPEngine:
     def _move_optimizer_states(self, target: torch.device) -> None:
         if self.optimizer is None or self.device.type == "cpu" or self.offload_policy:
             return
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(target, non_blocking=True)
+        for group in self.optimizer.param_groups:
+            # The step count stays on the CPU, except for the fused AdamW, which reads it on the device.
+            move_step = bool(group.get("fused")) or target.type == "cpu"
+            for param in group["params"]:
+                for key, value in self.optimizer.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor) and (key != "step" or move_step):
+                        self.optimizer.state[param][key] = value.to(target, non_blocking=True)
         if target.type == "cpu":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

@@ -24,7 +24,11 @@ logger = logging.getLogger(__name__)
 
 
 def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
-    """AdamW over ``params`` with ``lr``, ``betas``, ``weight_decay``, ``eps`` and ``override_optimizer_config``."""
+    """AdamW over ``params`` with ``lr``, ``betas``, ``weight_decay``, ``eps`` and ``override_optimizer_config``.
+
+    On CUDA the fused implementation (one kernel for all parameters) is used unless
+    ``override_optimizer_config`` names ``fused`` or ``foreach``; on the CPU, torch's default.
+    """
     name = str(config_get(optim_config, "optimizer", "AdamW"))
     impl = str(config_get(optim_config, "optimizer_impl", "torch.optim"))
     if name.lower() != "adamw" or impl != "torch.optim":
@@ -40,7 +44,12 @@ def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
     eps = config_get(optim_config, "eps")
     if eps is not None:
         kwargs["eps"] = float(eps)
-    kwargs.update(dict(config_get(optim_config, "override_optimizer_config", {}) or {}))
+    overrides = dict(config_get(optim_config, "override_optimizer_config", {}) or {})
+    params = list(params)
+    on_cuda = bool(params) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in params)
+    if on_cuda and "fused" not in overrides and "foreach" not in overrides:
+        kwargs["fused"] = True
+    kwargs.update(overrides)
     return torch.optim.AdamW(params, **kwargs)
 
 
