@@ -32,6 +32,17 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir):
     return build_tiny_causal_lm(str(tmp_path_factory.mktemp("tiny_llama")), tiny_tokenizer_dir, arch="llama")
 
 
+@pytest.fixture
+def single_rank(tmp_path, monkeypatch):
+    """A one-rank gloo process group (what FSDPEngine needs) for the duration of one test."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray instance for the whole test session: loopback only (all of Ray's own services

@@ -114,12 +114,23 @@ def enable_gradient_checkpointing(model) -> None:
     model.config.use_cache = False
 
 
+def attention_implementation(remove_padding: bool) -> str:
+    """The ``attn_implementation`` to load a model with: packed-capable (:mod:`verl.models.packed`) or SDPA."""
+    if not remove_padding:
+        return "sdpa"
+    from verl.models.packed import register
+
+    return register()
+
+
 def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
-                   override_config: Mapping | None = None, attn_implementation: str = "sdpa",
+                   override_config: Mapping | None = None, remove_padding: bool = False,
                    use_gradient_checkpointing: bool = False, config_key: str = "actor_rollout_ref.model.path"):
     """A ``AutoModelForCausalLM`` from ``path`` in ``dtype`` (fp32 master weights for training by default).
 
-    ``config_key`` is the config key the path came from; it is named in every error.
+    ``config_key`` is the config key the path came from; it is named in every error. ``remove_padding``
+    loads it with the packed attention of :mod:`verl.models.packed` (SDPA otherwise; both take padded
+    batches, only the former also takes packed ones).
     """
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -130,7 +141,7 @@ def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust
                      trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
         os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation,
+        attn_implementation=attention_implementation(remove_padding),
     )
     if use_gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -138,7 +149,7 @@ def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust
 
 
 def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
-                     override_config: Mapping | None = None, attn_implementation: str = "sdpa",
+                     override_config: Mapping | None = None, remove_padding: bool = False,
                      use_gradient_checkpointing: bool = False, config_key: str = "critic.model.path",
                      head_init_std: float | None = None, head_init_seed: int = 0):
     """A value model: ``AutoModelForTokenClassification`` with one label, one scalar per token.
@@ -161,7 +172,7 @@ def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, tru
     config.classifier_dropout = 0.0
     model, info = AutoModelForTokenClassification.from_pretrained(
         os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation, output_loading_info=True,
+        attn_implementation=attention_implementation(remove_padding), output_loading_info=True,
     )
     head_name = "score" if hasattr(model, "score") else "classifier"
     head = getattr(model, head_name)

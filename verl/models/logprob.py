@@ -1,9 +1,11 @@
 """Per-token log-probs and entropy of a causal LM, without the full fp32 (tokens x vocab) logits.
 
-The logits of a chunk of rows are computed from the final hidden states, upcast to fp32, reduced to
-one log-prob and one entropy per row, and dropped. In training each chunk runs under activation
-checkpointing, so backward recomputes that chunk's logits instead of keeping every chunk's alive: peak
-memory holds one chunk of logits, whatever the sequence length.
+The logits of a chunk of rows are computed from the final hidden states, reduced to one log-prob and
+one entropy per row, and dropped. In training each chunk runs under activation checkpointing, so
+backward recomputes that chunk's logits instead of keeping every chunk's alive: peak memory holds one
+chunk of logits, whatever the sequence length. The reduction is one Triton kernel each way on CUDA
+(:mod:`verl.models.logprob_kernels`: the logits are read once in their own dtype, nothing of size
+vocab is written in fp32) and torch ops elsewhere (upcast to fp32, log-softmax, entropy).
 
 Position convention: the logits at position t predict token t+1, so for a sequence of P prompt and R
 response tokens (T = P + R) the response log-probs come from the hidden states at positions
@@ -19,8 +21,43 @@ from torch.utils.checkpoint import checkpoint
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
 
-def _chunk_logprobs(hidden, weight, bias, labels, temperature: float, compute_entropy: bool):
-    logits = F.linear(hidden, weight, bias).float()
+KERNELS = ("auto", "torch", "triton")
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    """``torch`` or ``triton``: the implementation of the log-prob/entropy reduction for tensors on ``device``.
+
+    ``auto`` is Triton (:mod:`verl.models.logprob_kernels`) on CUDA when Triton is installed, torch ops
+    otherwise; ``triton`` on a CPU falls back to torch (the kernels need CUDA).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"log-prob kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "torch" or device.type != "cuda":
+        return "torch"
+    if not _triton_available():
+        if kernel == "triton":
+            raise ImportError("fused_kernel_options.impl_backend=triton needs the triton package; install it or "
+                              "set impl_backend=torch")
+        return "torch"
+    return "triton"
+
+
+def _chunk_logprobs(hidden, weight, bias, labels, temperature: float, compute_entropy: bool, kernel: str):
+    logits = F.linear(hidden, weight, bias)
+    if kernel == "triton":
+        from verl.models.logprob_kernels import logprob_entropy
+
+        log_probs, entropy = logprob_entropy(logits, labels, temperature)
+        return (log_probs, entropy) if compute_entropy else (log_probs,)
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = logprobs_from_logits(logits, labels)
@@ -29,12 +66,14 @@ def _chunk_logprobs(hidden, weight, bias, labels, temperature: float, compute_en
 
 def logprobs_and_entropy_from_hidden(hidden_states: torch.Tensor, lm_head_weight: torch.Tensor,
                                      labels: torch.Tensor, temperature: float = 1.0, chunk_size: int = 1024,
-                                     compute_entropy: bool = True, lm_head_bias: torch.Tensor | None = None):
+                                     compute_entropy: bool = True, lm_head_bias: torch.Tensor | None = None,
+                                     kernel: str = "auto"):
     """log softmax(z/τ)[label] and entropy of softmax(z/τ), with z = hidden · Wᵀ (+ b), per row.
 
     ``hidden_states`` (..., H), ``lm_head_weight`` (V, H), ``labels`` (...) → ``(log_probs, entropy)``,
     both float32 of shape ``labels.shape``; entropy is None unless ``compute_entropy``.
     Rows are processed ``chunk_size`` at a time; differentiable in ``hidden_states`` and the weight.
+    ``kernel`` (see :func:`resolve_kernel`) picks the reduction of each chunk's logits.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -45,10 +84,11 @@ def logprobs_and_entropy_from_hidden(hidden_states: torch.Tensor, lm_head_weight
         hidden.requires_grad or lm_head_weight.requires_grad
         or (lm_head_bias is not None and lm_head_bias.requires_grad)
     )
+    kernel = resolve_kernel(kernel, hidden.device)
     pieces = []
     for start in range(0, hidden.shape[0], chunk_size):
         args = (hidden[start:start + chunk_size], lm_head_weight, lm_head_bias,
-                flat_labels[start:start + chunk_size], float(temperature), compute_entropy)
+                flat_labels[start:start + chunk_size], float(temperature), compute_entropy, kernel)
         if needs_grad:
             pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
@@ -84,45 +124,78 @@ def _backbone(model):
     return getattr(model, model.base_model_prefix)
 
 
+def _hidden_states(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool):
+    """Final hidden states at the positions that predict the last ``response_length`` tokens.
+
+    Padded: (B, R, H) at columns T-R-1 .. T-2, with ``None`` as the mask. Packed (see
+    :mod:`verl.models.packed`): (n, H) for the n valid response tokens only, with the (B, R) mask that
+    places them (row-major) back into the batch.
+    """
+    if not packed:
+        hidden = _backbone(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False).last_hidden_state
+        return hidden[:, -response_length - 1:-1], None
+    from verl.models.packed import pack
+
+    batch = pack(input_ids, attention_mask, position_ids)
+    hidden = _backbone(model)(**batch.model_kwargs(), use_cache=False).last_hidden_state[0]
+    valid, before = batch.response_positions(response_length)
+    return hidden[before], valid
+
+
+def _unpack(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """(n,) values of the valid response tokens back to (B, R), zero elsewhere; a copy either way
+    (FSDP2 warns when a root forward returns views)."""
+    if valid is None:
+        return values.clone()
+    return values.new_zeros(valid.shape).masked_scatter(valid, values)
+
+
+def _check_response_length(response_length: int, input_ids: torch.Tensor) -> None:
+    if not 0 < response_length < input_ids.shape[1]:
+        raise ValueError(f"response_length={response_length} must be in [1, sequence length {input_ids.shape[1]})")
+
+
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                      response_length: int, temperature: float = 1.0, chunk_size: int = 1024,
-                     compute_entropy: bool = True):
+                     compute_entropy: bool = True, remove_padding: bool = False, kernel: str = "auto"):
     """Log-probs (B, R) of the last ``response_length`` tokens of ``input_ids`` (B, T), and entropy (B, R).
 
     Runs the backbone (``model.model``) for hidden states, then scores only the response positions
     (hidden states at T-R-1 .. T-2) against the lm_head in chunks. Works on a plain HF causal LM and on
     one wrapped by FSDP2. Entropy is None unless ``compute_entropy``.
+
+    ``remove_padding``: run the backbone on the valid tokens only, packed (the model must use
+    :data:`verl.models.packed.ATTN_IMPLEMENTATION`), and score valid response tokens only; padded
+    response positions then hold 0. ``kernel``: see :func:`resolve_kernel`.
     """
     def scored_forward(input_ids, attention_mask, position_ids):
-        hidden = _backbone(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state
+        hidden, valid = _hidden_states(model, input_ids, attention_mask, position_ids, response_length, remove_padding)
+        labels = input_ids[:, -response_length:]
         lm_head = model.get_output_embeddings()
         log_probs, entropy = logprobs_and_entropy_from_hidden(
-            hidden[:, -response_length - 1:-1], lm_head.weight, input_ids[:, -response_length:],
+            hidden, lm_head.weight, labels if valid is None else labels[valid],
             temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
-            lm_head_bias=getattr(lm_head, "bias", None),
+            lm_head_bias=getattr(lm_head, "bias", None), kernel=kernel,
         )
-        # FSDP2 warns when a root forward returns views; these (B, R) copies cost nothing next to the forward.
-        return log_probs.clone(), (entropy.clone() if entropy is not None else None)
+        return _unpack(log_probs, valid), (_unpack(entropy, valid) if entropy is not None else None)
 
-    if not 0 < response_length < input_ids.shape[1]:
-        raise ValueError(f"response_length={response_length} must be in [1, sequence length {input_ids.shape[1]})")
+    _check_response_length(response_length, input_ids)
     return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids)
 
 
 def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   response_length: int) -> torch.Tensor:
+                   response_length: int, remove_padding: bool = False) -> torch.Tensor:
     """Values (B, R) float32 of a value model for the last ``response_length`` tokens.
 
     The value of response token t is read at position t-1 (the state before emitting it), the same
-    positions ``forward_logprobs`` uses; the head runs on those positions only.
+    positions ``forward_logprobs`` uses; the head runs on those positions only. ``remove_padding`` as
+    in :func:`forward_logprobs` (padded response positions hold 0).
     """
     def value_forward(input_ids, attention_mask, position_ids):
-        hidden = _backbone(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state
+        hidden, valid = _hidden_states(model, input_ids, attention_mask, position_ids, response_length, remove_padding)
         head = model.score if hasattr(model, "score") else model.classifier
-        return head(hidden[:, -response_length - 1:-1]).squeeze(-1).float().clone()  # clone: see forward_logprobs
+        return _unpack(head(hidden).squeeze(-1).float(), valid)
 
-    if not 0 < response_length < input_ids.shape[1]:
-        raise ValueError(f"response_length={response_length} must be in [1, sequence length {input_ids.shape[1]})")
+    _check_response_length(response_length, input_ids)
     return call_as_forward(model, value_forward, input_ids, attention_mask, position_ids)

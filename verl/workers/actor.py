@@ -143,15 +143,21 @@ class DataParallelPPOActor:
             divided by the world size; see the worker).
         micro_batch_size: rows per forward/backward; ignored when ``max_token_len`` is set.
         max_token_len: token budget of a micro-batch (``use_dynamic_bsz``), or None.
+        remove_padding: packed forwards (``model.use_remove_padding``; the model must be loaded with
+            ``remove_padding=True``, see :mod:`verl.models.packed`).
+        logprob_kernel: ``auto`` | ``torch`` | ``triton``, see :func:`verl.models.logprob.resolve_kernel`.
     """
 
     def __init__(self, config, engine, *, mini_batch_size: int | None = None,
-                 micro_batch_size: int | None = None, max_token_len: int | None = None):
+                 micro_batch_size: int | None = None, max_token_len: int | None = None, remove_padding: bool = False,
+                 logprob_kernel: str = "auto"):
         self.config = config
         self.engine = engine
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.max_token_len = max_token_len
+        self.remove_padding = remove_padding
+        self.logprob_kernel = logprob_kernel
 
     # ------------------------------------------------------------------------------------ forward only
     @torch.no_grad()
@@ -166,19 +172,23 @@ class DataParallelPPOActor:
         for micro in split_micro_batches(data, micro_batch_size, max_token_len):
             lp, ent = forward_logprobs(module, micro.batch["input_ids"], micro.batch["attention_mask"],
                                        micro.batch["position_ids"], response_length, temperature=temperature,
-                                       compute_entropy=calculate_entropy)
+                                       compute_entropy=calculate_entropy, remove_padding=self.remove_padding,
+                                       kernel=self.logprob_kernel)
             log_probs.append(lp)
             entropys.append(ent)
         return torch.cat(log_probs), (torch.cat(entropys) if calculate_entropy else None)
 
     # ------------------------------------------------------------------------------------ update
-    def update_policy(self, data: DataProto, *, temperature: float) -> dict[str, list[float]]:
+    def update_policy(self, data: DataProto, *, temperature: float) -> tuple[dict[str, list[float]], DataProto | None]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
 
-        Each micro-batch loss is scaled by (micro rows / mini rows), so the accumulated gradient is
-        that of the mini-batch loss when the aggregation is a mean over rows; for ``token-mean`` it
-        weights micro-batches by rows, not tokens (exact when micro-batches hold equal token counts).
+        Each micro-batch loss is scaled to its share of the mini-batch (see :func:`run_mini_batches`).
         The LR scheduler is not stepped here (the worker steps it once per training step).
+
+        Without ``old_log_probs`` in ``data`` the update must be exactly on-policy (one epoch, one
+        mini-batch holding every row): the old log-probs are then the first forward's own, detached, as
+        a separate no-grad pass would have computed them, and they are returned (with the entropy) as
+        ``old_log_probs``/``entropys`` rows in the input order; otherwise the second value is None.
 
         Returns metrics as lists: per micro-batch ``actor/pg_loss``, ``actor/pg_clipfrac``,
         ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (plus any extra metric of the policy loss),
@@ -186,26 +196,44 @@ class DataParallelPPOActor:
         per optimizer step ``actor/grad_norm`` and ``actor/lr``.
         """
         config = self.config
-        required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-                    "old_log_probs", "advantages"]
+        fuse_old = "old_log_probs" not in data.batch
+        required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
+        required += [] if fuse_old else ["old_log_probs"]
         if config_get(config, "use_kl_loss", False):
             required.append("ref_log_prob")
         missing = [k for k in required if k not in data.batch]
         if missing:
             raise KeyError(f"update_actor needs batch keys {missing} (present: {sorted(data.batch)}); "
                            "ref_log_prob comes from compute_ref_log_prob, needed with actor.use_kl_loss=true")
+        epochs = int(config_get(config, "ppo_epochs", 1))
+        if fuse_old and (epochs != 1 or len(data) != self.mini_batch_size):
+            raise ValueError(
+                f"update_actor got no old_log_probs, which is only allowed for an on-policy update (ppo_epochs=1 and "
+                f"one mini-batch of all {len(data)} rows), but ppo_epochs={epochs} and the mini-batch holds "
+                f"{self.mini_batch_size} rows: call compute_log_prob first")
         check_finite(data, "advantages", "update_actor")
-        loss_fn = self._make_loss_fn(temperature)
-        return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
-                                "actor", self.mini_batch_size, self.micro_batch_size, self.max_token_len, loss_fn)
+        data = data.select(batch_keys=required, non_tensor_batch_keys=[])
+        recorded = None
+        if fuse_old:
+            data.batch["row_index"] = torch.arange(len(data), device=data.batch["input_ids"].device)
+            recorded = {"old_log_probs": torch.zeros_like(data.batch["response_mask"], dtype=torch.float32),
+                        "entropys": torch.zeros_like(data.batch["response_mask"], dtype=torch.float32)}
+        loss_fn = self._make_loss_fn(temperature, recorded)
+        metrics = run_mini_batches(self.engine, data, config, "actor", self.mini_batch_size, self.micro_batch_size,
+                                   self.max_token_len, loss_fn)
+        return metrics, (DataProto(batch=recorded) if recorded is not None else None)
 
-    def _make_loss_fn(self, temperature: float):
+    def _make_loss_fn(self, temperature: float, recorded: dict[str, torch.Tensor] | None = None):
+        """The micro-batch loss. With ``recorded`` (on-policy, no old log-probs given) the old log-probs
+        are this forward's, detached, and they and the entropy are written into ``recorded`` at the
+        micro-batch's ``row_index``."""
         config = self.config
         policy_loss_fn = get_policy_loss_fn(config_get(config, "policy_loss.loss_mode", "vanilla"))
         agg_mode = config_get(config, "loss_agg_mode", "token-mean")
         scale_factor = config_get(config, "loss_scale_factor")
         entropy_coeff = float(config_get(config, "entropy_coeff", 0.0))
-        need_entropy = entropy_coeff != 0 or bool(config_get(config, "calculate_entropy", False))
+        report_entropy = entropy_coeff != 0 or bool(config_get(config, "calculate_entropy", False))
+        need_entropy = report_entropy or recorded is not None
         use_kl_loss = bool(config_get(config, "use_kl_loss", False))
         kl_coef = float(config_get(config, "kl_loss_coef", 0.001))
         kl_type = config_get(config, "kl_loss_type", "low_var_kl")
@@ -215,20 +243,28 @@ class DataParallelPPOActor:
             mask = batch["response_mask"]
             log_prob, entropy = forward_logprobs(
                 module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], mask.shape[-1],
-                temperature=temperature, compute_entropy=need_entropy)
+                temperature=temperature, compute_entropy=need_entropy, remove_padding=self.remove_padding,
+                kernel=self.logprob_kernel)
+            if recorded is not None:
+                old_log_prob = log_prob.detach()
+                recorded["old_log_probs"][batch["row_index"]] = old_log_prob
+                recorded["entropys"][batch["row_index"]] = entropy.detach()
+            else:
+                old_log_prob = batch["old_log_probs"]
             pg_loss, pg_metrics = policy_loss_fn(
-                old_log_prob=batch["old_log_probs"], log_prob=log_prob, advantages=batch["advantages"],
+                old_log_prob=old_log_prob, log_prob=log_prob, advantages=batch["advantages"],
                 response_mask=mask, loss_agg_mode=agg_mode, config=config)
             loss = pg_loss
-            metrics = {"actor/pg_loss": pg_loss.item(), **{f"actor/{k}": float(v) for k, v in pg_metrics.items()}}
-            if need_entropy:
+            metrics = {"actor/pg_loss": pg_loss.detach(), **{f"actor/{k}": v for k, v in pg_metrics.items()}}
+            if report_entropy:
                 entropy_mean = agg_loss(entropy, mask, agg_mode, scale_factor)
-                loss = loss - entropy_coeff * entropy_mean
-                metrics["actor/entropy"] = entropy_mean.item()
+                if entropy_coeff != 0:
+                    loss = loss - entropy_coeff * entropy_mean
+                metrics["actor/entropy"] = entropy_mean.detach()
             if use_kl_loss:
                 kl = agg_loss(kl_penalty(log_prob, batch["ref_log_prob"], kl_type), mask, agg_mode, scale_factor)
                 loss = loss + kl_coef * kl
-                metrics.update({"actor/kl_loss": kl.item(), "actor/kl_coef": kl_coef})
+                metrics.update({"actor/kl_loss": kl.detach(), "actor/kl_coef": kl_coef})
             return loss * micro.meta_info["loss_scale"], metrics
 
         return loss_fn

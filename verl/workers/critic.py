@@ -32,15 +32,17 @@ class DataParallelPPOCritic:
             world size, normalised by the worker).
         micro_batch_size: rows per forward/backward in the update; ignored with ``max_token_len``.
         max_token_len: token budget of an update micro-batch (``use_dynamic_bsz``), or None.
+        remove_padding: packed forwards (``critic.model.use_remove_padding``), see :mod:`verl.models.packed`.
     """
 
     def __init__(self, config, engine, *, mini_batch_size: int | None = None,
-                 micro_batch_size: int | None = None, max_token_len: int | None = None):
+                 micro_batch_size: int | None = None, max_token_len: int | None = None, remove_padding: bool = False):
         self.config = config
         self.engine = engine
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
         self.max_token_len = max_token_len
+        self.remove_padding = remove_padding
 
     @torch.no_grad()
     def compute_values(self, data: DataProto, *, micro_batch_size: int | None,
@@ -50,7 +52,7 @@ class DataParallelPPOCritic:
         module.eval()
         response_length = data.batch["responses"].shape[-1]
         values = [forward_values(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"],
-                                 response_length)
+                                 response_length, remove_padding=self.remove_padding)
                   for m in split_micro_batches(data, micro_batch_size, max_token_len)]
         return torch.cat(values)
 
@@ -76,11 +78,11 @@ class DataParallelPPOCritic:
             batch = micro.batch
             mask = batch["response_mask"]
             vpreds = forward_values(module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                                    mask.shape[-1])
+                                    mask.shape[-1], remove_padding=self.remove_padding)
             vf_loss, vf_clipfrac = compute_value_loss(vpreds, batch["returns"], batch["values"], mask,
                                                       cliprange_value=cliprange, loss_agg_mode=agg_mode)
-            metrics = {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": vf_clipfrac.item(),
-                       "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item()}
+            metrics = {"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac.detach(),
+                       "critic/vpred_mean": masked_mean(vpreds.detach(), mask)}
             return vf_loss * micro.meta_info["loss_scale"], metrics
 
         return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,

@@ -173,6 +173,11 @@ class ActorRolloutRefWorker(_RoleWorker):
         load_kwargs = {"trust_remote_code": trust_remote_code,
                        "override_config": config_get(model_config, "override_config")}
         actor = config.actor
+        remove_padding = bool(config_get(model_config, "use_remove_padding", False))
+        load_kwargs["remove_padding"] = remove_padding
+        # use_fused_kernels picks the log-prob reduction explicitly; otherwise the fastest available one.
+        kernel = (config_get(model_config, "fused_kernel_options.impl_backend", "torch")
+                  if config_get(model_config, "use_fused_kernels", False) else "auto")
         if self._is_actor or self._is_rollout:
             model = load_causal_lm(path, dtype=config_get(actor, "fsdp_config.model_dtype", "fp32"), **load_kwargs)
             self.actor_engine = FSDPEngine(
@@ -185,7 +190,8 @@ class ActorRolloutRefWorker(_RoleWorker):
             micro, budget = micro_batching(actor, where, "ppo_micro_batch_size", self.world_size,
                                            dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu")
             self.actor = DataParallelPPOActor(
-                actor, self.actor_engine, micro_batch_size=micro, max_token_len=budget,
+                actor, self.actor_engine, micro_batch_size=micro, max_token_len=budget, remove_padding=remove_padding,
+                logprob_kernel=kernel,
                 mini_batch_size=per_rank_mini_batch(actor, where, int(config_get(config, "rollout.n", 1)),
                                                     self.world_size))
             self._log_prob_batching = micro_batching(
@@ -200,7 +206,8 @@ class ActorRolloutRefWorker(_RoleWorker):
             dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype  # frozen: no fp32 master copy
             self.ref_engine = FSDPEngine(load_causal_lm(path, dtype=dtype, **load_kwargs), fsdp_config=fsdp_config,
                                          optim_config=None, device=self.device)
-            self.ref_policy = DataParallelPPOActor(ref, self.ref_engine)
+            self.ref_policy = DataParallelPPOActor(ref, self.ref_engine, remove_padding=remove_padding,
+                                                   logprob_kernel=kernel)
             self._ref_batching = micro_batching(
                 ref, "actor_rollout_ref.ref", "log_prob_micro_batch_size", self.world_size,
                 dynamic_key="log_prob_use_dynamic_bsz", token_key="log_prob_max_token_len_per_gpu")
@@ -249,10 +256,13 @@ class ActorRolloutRefWorker(_RoleWorker):
         data = data.to(self.device)
         temperature = _temperature(data, config_get(self.config, "rollout.temperature", 1.0))
         with self.actor_engine.on_device(optimizer=True):
-            metrics = self.actor.update_policy(data, temperature=temperature)
+            metrics, recorded = self.actor.update_policy(data, temperature=temperature)
         self.actor_engine.lr_scheduler_step()
         metrics.update(_memory_metrics(self.device))
-        return DataProto(meta_info={"metrics": metrics})
+        if recorded is None:
+            return DataProto(meta_info={"metrics": metrics})
+        recorded.meta_info["metrics"] = metrics
+        return recorded.to("cpu")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int | None = None) -> None:
@@ -291,8 +301,9 @@ class CriticWorker(_RoleWorker):
         self.tokenizer = load_tokenizer(config_get(model_config, "tokenizer_path") or path,
                                         config_key="critic.model.path", trust_remote_code=trust_remote_code)
         fsdp_config = config_get(model_config, "fsdp_config") or config_get(config, "fsdp_config")
+        remove_padding = bool(config_get(model_config, "use_remove_padding", False))
         model = load_value_model(path, dtype=config_get(fsdp_config, "model_dtype", "fp32"),
-                                 trust_remote_code=trust_remote_code,
+                                 trust_remote_code=trust_remote_code, remove_padding=remove_padding,
                                  override_config=config_get(model_config, "override_config"))
         self.engine = FSDPEngine(
             model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config_get(config, "grad_clip", 1.0),
@@ -302,7 +313,7 @@ class CriticWorker(_RoleWorker):
                                        dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu")
         self.critic = DataParallelPPOCritic(
             config, self.engine, mini_batch_size=per_rank_mini_batch(config, "critic", self.rollout_n, self.world_size),
-            micro_batch_size=micro, max_token_len=budget)
+            micro_batch_size=micro, max_token_len=budget, remove_padding=remove_padding)
         self._forward_batching = micro_batching(
             config, "critic", "forward_micro_batch_size", self.world_size, dynamic_key="use_dynamic_bsz",
             token_key="forward_max_token_len_per_gpu")
@@ -374,8 +385,10 @@ class RewardModelWorker(_RoleWorker):
             self.input_tokenizer = None if same_tokenizer(source, self.rm_tokenizer) else source
         fsdp_config = _fsdp_config_with_dtype(config_get(model_config, "fsdp_config"), None)
         dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype
+        self.remove_padding = bool(config_get(model_config, "use_remove_padding", False))
         model = load_reward_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
-                                  override_config=config_get(model_config, "override_config"))
+                                  override_config=config_get(model_config, "override_config"),
+                                  remove_padding=self.remove_padding)
         self.engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=None, device=self.device)
         self._batching = micro_batching(config, "reward_model", "micro_batch_size", self.world_size,
                                         dynamic_key="use_dynamic_bsz", token_key="forward_max_token_len_per_gpu")
@@ -390,5 +403,6 @@ class RewardModelWorker(_RoleWorker):
         with self.engine.on_device():
             scores = compute_rm_scores(self.engine.module, data, micro_batch_size=micro, max_token_len=budget,
                                        src_tokenizer=self.input_tokenizer, rm_tokenizer=self.rm_tokenizer,
-                                       max_length=config_get(self.config, "max_length"))
+                                       max_length=config_get(self.config, "max_length"),
+                                       remove_padding=self.remove_padding)
         return DataProto(batch={"rm_scores": scores.cpu()})

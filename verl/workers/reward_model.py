@@ -17,8 +17,15 @@ import os
 import numpy as np
 import torch
 
-from verl.models.loader import _check_supported, apply_override_config, load_hf_config, resolve_dtype
+from verl.models.loader import (
+    _check_supported,
+    apply_override_config,
+    attention_implementation,
+    load_hf_config,
+    resolve_dtype,
+)
 from verl.models.logprob import call_as_forward
+from verl.models.packed import pack
 from verl.protocol import DataProto
 from verl.workers.actor import split_micro_batches
 
@@ -27,8 +34,9 @@ __all__ = ["compute_rm_scores", "load_reward_model", "place_scores", "retokenize
 
 
 def load_reward_model(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
-                      override_config=None, config_key: str = "reward_model.model.path"):
-    """An ``AutoModelForSequenceClassification`` with one label (dropout off) from ``path``."""
+                      override_config=None, config_key: str = "reward_model.model.path", remove_padding: bool = False):
+    """An ``AutoModelForSequenceClassification`` with one label (dropout off) from ``path``; ``remove_padding``
+    as in :func:`~verl.models.loader.load_causal_lm`."""
     from transformers import AutoModelForSequenceClassification
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
@@ -40,19 +48,25 @@ def load_reward_model(path: str, *, dtype: torch.dtype | str = torch.float32, tr
     config.classifier_dropout = 0.0
     return AutoModelForSequenceClassification.from_pretrained(
         os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation="sdpa")
+        attn_implementation=attention_implementation(remove_padding))
 
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    position_ids: torch.Tensor) -> torch.Tensor:
-    """(B,) float32: the head's output at each row's last valid token."""
+                    position_ids: torch.Tensor, remove_padding: bool = False) -> torch.Tensor:
+    """(B,) float32: the head's output at each row's last valid token; ``remove_padding`` runs the
+    backbone on the valid tokens only (:mod:`verl.models.packed`)."""
     last = (attention_mask.long() * torch.arange(attention_mask.shape[1], device=attention_mask.device)).argmax(-1)
 
     def scored_forward(input_ids, attention_mask, position_ids):
         backbone = getattr(model, model.base_model_prefix)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False).last_hidden_state
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        if remove_padding:
+            batch = pack(input_ids, attention_mask, position_ids)
+            hidden = backbone(**batch.model_kwargs(), use_cache=False).last_hidden_state[0]
+            pooled = hidden[batch.index[torch.arange(len(last), device=last.device), last]]
+        else:
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False).last_hidden_state
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         head = model.score if hasattr(model, "score") else model.classifier
         return head(pooled).squeeze(-1).float().clone()
 
@@ -104,8 +118,10 @@ def retokenize_for_reward_model(data: DataProto, src_tokenizer, rm_tokenizer, ma
 
 @torch.no_grad()
 def compute_rm_scores(module, data: DataProto, *, micro_batch_size: int | None, max_token_len: int | None = None,
-                      src_tokenizer=None, rm_tokenizer=None, max_length: int | None = None) -> torch.Tensor:
-    """``rm_scores`` (B, R) for ``data`` (re-encoded first when both tokenizers are given)."""
+                      src_tokenizer=None, rm_tokenizer=None, max_length: int | None = None,
+                      remove_padding: bool = False) -> torch.Tensor:
+    """``rm_scores`` (B, R) for ``data`` (re-encoded first when both tokenizers are given); ``remove_padding``
+    packs each micro-batch (see :func:`sequence_scores`)."""
     module.eval()
     response_mask = data.batch.get("response_mask")
     if response_mask is None:
@@ -115,6 +131,7 @@ def compute_rm_scores(module, data: DataProto, *, micro_batch_size: int | None, 
         inputs = DataProto(batch=retokenize_for_reward_model(data, src_tokenizer, rm_tokenizer, max_length))
     else:
         inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=[])
-    scores = [sequence_scores(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"])
+    scores = [sequence_scores(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"],
+                              remove_padding=remove_padding)
               for m in split_micro_batches(inputs, micro_batch_size, max_token_len)]
     return place_scores(torch.cat(scores), response_mask)

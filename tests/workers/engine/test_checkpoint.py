@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.workers.engine.helpers import (
     resume_is_exact,
@@ -16,14 +15,6 @@ from verl.models import load_causal_lm, load_value_model
 from verl.workers.engine import FSDPEngine, load_full_model_state_dict
 
 FSDP_FP32 = {"dtype": "float32"}
-
-
-@pytest.fixture
-def single_rank(tmp_path, monkeypatch):
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def check_layout(folder, world_size):

@@ -4,7 +4,6 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tests.workers.engine.helpers import (
@@ -24,14 +23,6 @@ OPTIM = {"lr": 1e-2, "weight_decay": 0.01, "betas": [0.9, 0.999], "total_trainin
 # against a plain model, a larger eps keeps the update smooth in g.
 OPTIM_SMOOTH = {**OPTIM, "eps": 1e-4}
 FSDP_FP32 = {"dtype": "float32", "reshard_after_forward": True}
-
-
-@pytest.fixture
-def single_rank(tmp_path, monkeypatch):
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def reference_step(model_dir, batch, micro_batches=1, optim=OPTIM, grad_clip=1.0):

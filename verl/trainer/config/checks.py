@@ -53,6 +53,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.device": ("cuda", "cpu"),
     "trainer.backend": ("ray", "local"),
+    f"{AR}.model.fused_kernel_options.impl_backend": ("torch", "triton"),
 }
 
 # Types of keys whose default is null (everywhere else a value must have its default's type).

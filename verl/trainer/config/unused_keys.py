@@ -65,13 +65,12 @@ _NOT_IMPLEMENTED_ERRORS = {
 }
 _NOT_IMPLEMENTED_WARNINGS = (
     "data.use_shm", f"{AR}.model.use_shm", "critic.model.use_shm", "reward_model.model.use_shm",
-    f"{AR}.model.use_remove_padding", "critic.model.use_remove_padding", "reward_model.model.use_remove_padding",
     f"{ACTOR}.use_torch_compile", f"{AR}.model.hf_config_path", "data.tokenizer", "data.dataloader_num_workers",
     f"{ACTOR}.fsdp_config.wrap_policy.min_num_params", f"{ACTOR}.fsdp_config.forward_prefetch",
     "critic.model.fsdp_config.wrap_policy.min_num_params", "critic.model.fsdp_config.forward_prefetch",
     f"{ROLLOUT}.mode", "trainer.log_val_generations", "trainer.del_local_ckpt_after_load",
     "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout", "ray_kwargs.timeline_json_file",
-    f"{AR}.model.use_liger", f"{AR}.model.use_fused_kernels",
+    f"{AR}.model.use_liger",
     f"{AR}.model.enable_activation_offload", "critic.model.enable_activation_offload",
     f"{ACTOR}.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size",
     f"{ACTOR}.checkpoint.async_save", "critic.checkpoint.async_save",

@@ -4,6 +4,7 @@ Each training step, as the driver sees it (the stage names are the ``timing_s/<s
 
     prompts --gen--> n responses per prompt --reward--> token_level_scores
       --old_log_prob--> actor log-probs (+ entropy) --ref--> reference log-probs (when KL is used)
+      (no old_log_prob stage when the update is on-policy: the update's first forward gives them)
       --values--> critic values (when a critic is used) --adv--> KL in reward, advantages, returns
       --update_critic--> --update_actor--> (the rollout reads the actor's weights: nothing to sync)
       --testing--> every trainer.test_freq steps --save_checkpoint--> every trainer.save_freq steps
@@ -64,6 +65,11 @@ class RayPPOTrainer:
         self.use_rm = bool(config.reward_model.enable)
         algorithm = config.algorithm
         self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl) if algorithm.use_kl_in_reward else None
+        actor = config.actor_rollout_ref.actor
+        # On-policy update (one epoch, one mini-batch of the whole batch) and nothing reading the old log-probs
+        # before it: they are the update's first forward, so the separate old_log_prob pass is skipped.
+        self.old_log_prob_in_update = (int(actor.ppo_epochs) == 1 and not algorithm.use_kl_in_reward
+                                       and int(actor.ppo_mini_batch_size) == int(config.data.train_batch_size))
 
         data = config.data
         self.train_sampler = create_rl_sampler(data, train_dataset)
@@ -168,6 +174,17 @@ class RayPPOTrainer:
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo, config=algorithm)
         batch.batch["advantages"], batch.batch["returns"] = advantages, returns
 
+    def _add_old_log_probs(self, batch: DataProto, old: DataProto, metrics: dict) -> DataProto:
+        """Join the actor's ``old_log_probs`` to the batch; log ``actor/entropy`` from its ``entropys``."""
+        entropys = old.batch.pop("entropys")
+        metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"],
+                                            self.config.actor_rollout_ref.actor.loss_agg_mode).item()
+        batch = batch.union(old.select(batch_keys=["old_log_probs"], non_tensor_batch_keys=[]))
+        if "rollout_log_probs" in batch.batch:
+            metrics.update(compute_rollout_probs_diff(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                                      batch.batch["response_mask"]))
+        return batch
+
     def _mfu(self, batch: DataProto, timing_raw: dict) -> dict:
         if self.flops_counter is None or timing_raw.get("update_actor", 0) <= 0:
             return {"perf/mfu/actor": 0.0}
@@ -201,16 +218,11 @@ class RayPPOTrainer:
                     batch = batch.union(groups.rm.compute_rm_score(batch))
                 scores, extra_info = compute_reward(batch, self.reward_fn)
                 batch.non_tensor_batch.update({k: np.asarray(v, dtype=object) for k, v in extra_info.items()})
-            with simple_timer("old_log_prob", timing_raw):
-                old = groups.actor_rollout.compute_log_prob(batch)
-                entropys = old.batch.pop("entropys")
-                metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"],
-                                                    config.actor_rollout_ref.actor.loss_agg_mode).item()
-                batch = batch.union(old)
-                if "rollout_log_probs" in batch.batch:
-                    metrics.update(compute_rollout_probs_diff(batch.batch["rollout_log_probs"],
-                                                              batch.batch["old_log_probs"],
-                                                              batch.batch["response_mask"]))
+            update_actor = config.trainer.critic_warmup <= self.global_steps
+            fused_old_log_prob = self.old_log_prob_in_update and update_actor
+            if not fused_old_log_prob:
+                with simple_timer("old_log_prob", timing_raw):
+                    batch = self._add_old_log_probs(batch, groups.actor_rollout.compute_log_prob(batch), metrics)
             if self.use_reference_policy:
                 with simple_timer("ref", timing_raw):
                     batch = batch.union(groups.actor_rollout.compute_ref_log_prob(batch))
@@ -223,9 +235,12 @@ class RayPPOTrainer:
             if self.use_critic:
                 with simple_timer("update_critic", timing_raw):
                     metrics.update(reduce_metrics(groups.critic.update_critic(batch).meta_info["metrics"]))
-            if config.trainer.critic_warmup <= self.global_steps:
+            if update_actor:
                 with simple_timer("update_actor", timing_raw):
-                    metrics.update(reduce_metrics(groups.actor_rollout.update_actor(batch).meta_info["metrics"]))
+                    output = groups.actor_rollout.update_actor(batch)
+                if fused_old_log_prob:
+                    batch = self._add_old_log_probs(batch, output, metrics)
+                metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
             if config.trainer.rollout_data_dir:
                 dump_generations(self.tokenizer, batch, scores.sum(-1), self.global_steps,

@@ -1,0 +1,159 @@
+"""Padding-free (packed) forwards: the valid tokens of a padded batch run as one sequence.
+
+A batch of B left-padded rows (B, T) holds sum(attention_mask) real tokens; a padded forward spends
+its matmuls and attention on all B x T. Packed, the real tokens are laid end to end as one row (1, N)
+with each token keeping its own position id, and attention is restricted to blocks of the same
+sequence through cumulative sequence offsets ``cu_seqlens`` (B + 1,), as in flash-attention's
+varlen interface:
+
+    rows  [p p a b c]      valid  [0 0 1 1 1]    packed  [a b c d e]   positions [0 1 2 0 1]
+          [p p p d e]             [0 0 0 1 1]    cu_seqlens [0 3 5]
+
+The model runs with the attention implementation registered here under :data:`ATTN_IMPLEMENTATION`:
+given ``cu_seq_lens_q`` (forwarded by Hugging Face models to their attention function) it computes
+causal attention within each sequence, through ``torch.nn.attention.varlen.varlen_attn`` (the
+flash-attention kernel shipped with PyTorch) on CUDA in bf16/fp16, else with one SDPA call per
+sequence. Without ``cu_seq_lens_q`` it is plain SDPA with the usual padding mask, so the same model
+object also serves padded forwards and ``generate``. Gradient checkpointing recomputes layers with the
+same keyword arguments, so backward sees the same sequence boundaries.
+
+Results equal the padded forward at every valid position up to floating-point summation order (the
+tests compare them in fp32 at 1e-5).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLEMENTATION = "verl_packed_sdpa"
+
+__all__ = ["ATTN_IMPLEMENTATION", "Packed", "pack", "packed_attention", "register"]
+
+
+@dataclass
+class Packed:
+    """The valid tokens of a padded (B, T) batch, laid end to end.
+
+    ``input_ids``/``position_ids``: (1, N); ``cu_seqlens``: (B + 1,) int32 offsets of each row's tokens;
+    ``max_seqlen``: the longest row; ``index``: (B, T) int64, the packed position of each valid token
+    (-1 at padding); ``valid``: (B, T) bool.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    index: torch.Tensor
+    valid: torch.Tensor
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments that make a Hugging Face model with :data:`ATTN_IMPLEMENTATION` attend per sequence."""
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None,
+                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_seqlen, "max_length_k": self.max_seqlen}
+
+    def response_positions(self, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the last ``response_length`` columns: the (B, R) mask of valid response tokens and, for
+        each of them in row-major order, the packed position of the token before it (whose hidden
+        state predicts it)."""
+        valid = self.valid[:, -response_length:]
+        return valid, self.index[:, -response_length:][valid] - 1
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Packed:
+    """Pack the tokens where ``attention_mask`` is 1 (see :class:`Packed`). Rows keep their order; a row's
+    valid tokens must be contiguous (left or right padding), as the trainer's batches are."""
+    valid = attention_mask.bool()
+    lengths = valid.sum(-1)
+    flat = valid.reshape(-1)
+    index = torch.where(valid, flat.cumsum(0).view_as(valid) - 1, -1)
+    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    take = flat.nonzero().squeeze(-1)
+    return Packed(input_ids=input_ids.reshape(-1)[take].unsqueeze(0),
+                  position_ids=position_ids.reshape(-1)[take].unsqueeze(0),
+                  cu_seqlens=cu_seqlens, max_seqlen=int(lengths.max()) if len(lengths) else 0,
+                  index=index, valid=valid)
+
+
+@functools.cache
+def _varlen():
+    """PyTorch's varlen flash attention and how to ask it for causal masking (the keyword changed
+    between releases), or None where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return varlen_attn, causal, "enable_gqa" in params
+
+
+def _per_sequence(query, key, value, cu_seqlens, scaling, dropout):
+    """(N, Hq, D) causal attention within each sequence, one SDPA call per sequence."""
+    bounds = cu_seqlens.tolist()
+    out = torch.empty_like(query)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if end > start:
+            q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
+            out[start:end] = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
+                enable_gqa=q.shape[0] != k.shape[0]).transpose(0, 1)
+    return out
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                     **kwargs):
+    """The attention function of :data:`ATTN_IMPLEMENTATION` (Hugging Face's attention-interface signature:
+    ``query`` (B, Hq, S, D), ``key``/``value`` (B, Hkv, S, D); returns ((B, S, Hq, D), None))."""
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      sliding_window=sliding_window, **kwargs)
+    if sliding_window is not None:
+        raise NotImplementedError("packed forwards (use_remove_padding) do not support sliding-window attention; "
+                                  "set use_remove_padding=false for this model")
+    if query.shape[0] != 1:
+        raise ValueError(f"packed attention expects one packed row, got a batch of {query.shape[0]}")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (N, H, D)
+    varlen = _varlen()
+    if varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and dropout == 0.0:
+        varlen_attn, causal, gqa = varlen
+        if q.shape[1] != k.shape[1]:
+            if gqa:
+                causal = {**causal, "enable_gqa": True}
+            else:
+                groups = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        max_len = int(kwargs["max_length_q"])
+        out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, cu_seqlens, max_len, max_len,
+                          scale=scaling, **causal)
+    else:
+        out = _per_sequence(q, k, v, cu_seqlens, scaling, dropout)
+    return out.unsqueeze(0), None
+
+
+def _packed_mask(*args, attention_mask=None, **kwargs):
+    """Padding masks as SDPA takes them; none at all for packed rows (their attention reads cu_seqlens)."""
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+@functools.cache
+def register() -> str:
+    """Register :data:`ATTN_IMPLEMENTATION` with transformers (once per process); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _packed_mask)
+    return ATTN_IMPLEMENTATION
