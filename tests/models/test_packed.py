@@ -109,7 +109,7 @@ def test_sliding_window_models_are_refused(tiny_qwen2_dir):
     from verl.models.packed import packed_attention
 
     q = torch.zeros(1, 2, 3, 4)
-    with pytest.raises(NotImplementedError, match="use_remove_padding=false"):
+    with pytest.raises(ValueError, match="use_remove_padding=false"):
         packed_attention(None, q, q, q, None, sliding_window=16, cu_seq_lens_q=torch.tensor([0, 3]), max_length_q=3)
 
 
@@ -141,3 +141,14 @@ def test_varlen_flash_attention_on_cuda_equals_padded_sdpa_in_bf16(tiny_qwen2_di
     torch.testing.assert_close(ent_packed[valid], ent_pad[valid], atol=0.05, rtol=0)
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], p.grad.float(), atol=0.05, rtol=0.05, msg=name)
+
+
+def test_sliding_window_models_are_refused_at_load_time(tmp_path):
+    from transformers import MistralConfig
+
+    from verl.models.loader import check_packable
+
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path: .*sliding-window.*"
+                                         r"set actor_rollout_ref.model.use_remove_padding=false"):
+        check_packable(MistralConfig(sliding_window=4096), "actor_rollout_ref.model.path")
+    check_packable(MistralConfig(sliding_window=None), "critic.model.path")

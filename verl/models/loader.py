@@ -114,6 +114,17 @@ def enable_gradient_checkpointing(model) -> None:
     model.config.use_cache = False
 
 
+def check_packable(config, config_key: str) -> None:
+    """Refuse packed forwards for models with sliding-window attention (the packed kernel attends to
+    the whole of each sequence), naming the key to turn them off."""
+    layer_types = getattr(config, "layer_types", None)
+    sliding = ("sliding_attention" in layer_types) if layer_types else bool(getattr(config, "sliding_window", None))
+    if sliding:
+        flag = config_key.rsplit(".", 1)[0] + ".use_remove_padding"
+        raise ValueError(f"{config_key}: this model uses sliding-window attention, which packed (padding-free) "
+                         f"forwards do not support; set {flag}=false")
+
+
 def attention_implementation(remove_padding: bool) -> str:
     """The ``attn_implementation`` to load a model with: packed-capable (:mod:`verl.models.packed`) or SDPA."""
     if not remove_padding:
@@ -139,6 +150,8 @@ def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust
                             config_key=config_key)
     _check_supported(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "AutoModelForCausalLM", path, config_key,
                      trust_remote_code)
+    if remove_padding:
+        check_packable(config, config_key)
     model = AutoModelForCausalLM.from_pretrained(
         os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
         attn_implementation=attention_implementation(remove_padding),
@@ -168,6 +181,8 @@ def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, tru
                             config_key=config_key)
     _check_supported(config, MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES, "AutoModelForTokenClassification",
                      path, config_key, trust_remote_code)
+    if remove_padding:
+        check_packable(config, config_key)
     config.num_labels = 1
     config.classifier_dropout = 0.0
     model, info = AutoModelForTokenClassification.from_pretrained(

@@ -117,7 +117,7 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       sliding_window=sliding_window, **kwargs)
     if sliding_window is not None:
-        raise NotImplementedError("packed forwards (use_remove_padding) do not support sliding-window attention; "
+        raise ValueError("packed forwards (use_remove_padding) do not support sliding-window attention; "
                                   "set use_remove_padding=false for this model")
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one packed row, got a batch of {query.shape[0]}")

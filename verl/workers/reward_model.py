@@ -21,6 +21,7 @@ from verl.models.loader import (
     _check_supported,
     apply_override_config,
     attention_implementation,
+    check_packable,
     load_hf_config,
     resolve_dtype,
 )
@@ -44,6 +45,8 @@ def load_reward_model(path: str, *, dtype: torch.dtype | str = torch.float32, tr
     _check_supported(config, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "AutoModelForSequenceClassification",
                      path, config_key, trust_remote_code)
     apply_override_config(config, override_config)
+    if remove_padding:
+        check_packable(config, config_key)
     config.num_labels = 1
     config.classifier_dropout = 0.0
     return AutoModelForSequenceClassification.from_pretrained(
