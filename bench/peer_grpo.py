@@ -134,13 +134,13 @@ def run_trl(out: str, steps: int, quick: bool) -> None:
 
 # ------------------------------------------------------------------------------------------------ ours
 def run_ours(out: str, steps: int, quick: bool, max_prompt: int, overrides: list[str]) -> list[dict]:
-    metrics_file = os.path.join(out, "ours.jsonl")
-    if os.path.exists(metrics_file):
-        os.remove(metrics_file)
+    sys.path.insert(0, REPO)
+    from bench.ppo_step import run_main_ppo
+
     micro = 4 if quick else MICRO
     gpu = not quick
     command = [
-        sys.executable, "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
+        "algorithm.adv_estimator=grpo",
         f"data.train_files={out}/train.parquet", f"data.train_batch_size={8 if quick else PROMPTS}",
         f"data.max_prompt_length={max_prompt}", f"data.max_response_length={16 if quick else COMPLETION}",
         f"actor_rollout_ref.model.path={out}/model", f"actor_rollout_ref.actor.optim.lr={LR}",
@@ -159,11 +159,7 @@ def run_ours(out: str, steps: int, quick: bool, max_prompt: int, overrides: list
         f"trainer.device={'cuda' if gpu else 'cpu'}", "trainer.experiment_name=peer_grpo",
         "trainer.resume_mode=disable", f"trainer.default_local_dir={out}/ckpt", *overrides,
     ]
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": metrics_file, "RAY_AUTH_MODE": "disabled",
-           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    subprocess.run(command, check=True, env=env, cwd=out)
-    with open(metrics_file) as f:
-        return [json.loads(line)["data"] for line in f]
+    return run_main_ppo(command, os.path.join(out, "ours.jsonl"), out)
 
 
 def main() -> None:

@@ -37,12 +37,20 @@ def prepare(out: str) -> tuple[str, str]:
     return data, model
 
 
-def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) -> list[dict]:
-    metrics_file = os.path.join(out, f"{engine}.jsonl")
+def run_main_ppo(overrides: list[str], metrics_file: str, cwd: str) -> list[dict]:
+    """``python3 -m verl.trainer.main_ppo <overrides>`` in a subprocess with the file logger writing to
+    ``metrics_file`` (replaced); returns each step's metrics."""
     if os.path.exists(metrics_file):
         os.remove(metrics_file)
-    command = [
-        sys.executable, "-m", "verl.trainer.main_ppo",
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": metrics_file, "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], check=True, env=env, cwd=cwd)
+    with open(metrics_file) as f:
+        return [json.loads(line)["data"] for line in f]
+
+
+def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) -> list[dict]:
+    overrides = [
         f"data.train_files={data}/train.parquet", "data.train_batch_size=8",
         "data.max_prompt_length=128", "data.max_response_length=256",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.optim.lr=1e-6",
@@ -56,10 +64,7 @@ def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) 
         "trainer.device=cuda", f"trainer.experiment_name=bench_{engine}", "trainer.resume_mode=disable",
         f"trainer.backend={backend}",
     ]
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": metrics_file, "RAY_AUTH_MODE": "disabled"}
-    subprocess.run(command, check=True, env=env, cwd=out)
-    with open(metrics_file) as f:
-        return [json.loads(line)["data"] for line in f]
+    return run_main_ppo(overrides, os.path.join(out, f"{engine}.jsonl"), out)
 
 
 def main() -> None:
