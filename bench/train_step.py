@@ -44,13 +44,15 @@ from verl.utils.flops_counter import FlopsCounter
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.engine import FSDPEngine
 
-# name -> (use_remove_padding, gradient checkpointing, optimizer overrides, log-prob kernel).
+# name -> (use_remove_padding, gradient checkpointing, optimizer overrides, log-prob kernel, fsdp_config).
 # "before": what the actor ran before padding-free forwards, the Triton log-prob kernel and fused AdamW.
 VARIANTS = {
-    "before(padded+ckpt)": (False, True, {"fused": False}, "torch"),
-    "packed+ckpt": (True, True, {}, "auto"),
-    "packed": (True, False, {}, "auto"),
-    "packed,torch_logprob": (True, False, {}, "torch"),
+    "before(padded+ckpt)": (False, True, {"fused": False}, "torch", {}),
+    "packed+ckpt": (True, True, {}, "auto", {}),
+    "packed": (True, False, {}, "auto", {}),
+    "packed,torch_logprob": (True, False, {}, "torch", {}),
+    "packed+ckpt,keep_params": (True, True, {}, "auto", {"reshard_after_forward": False}),
+    "packed,keep_params": (True, False, {}, "auto", {"reshard_after_forward": False}),
 }
 PROMPT, RESPONSE = 512, 256
 
@@ -110,16 +112,21 @@ def baseline(config: Qwen2Config, data: DataProto, micro: int, steps: int, devic
     return timed(step, steps, device)  # the model and optimizer are freed on return
 
 
-def ours(config: Qwen2Config, data: DataProto, micro: int, steps: int, device, variant: str):
-    remove_padding, checkpointing, optim_overrides, kernel = VARIANTS[variant]
+def build_actor(config: Qwen2Config, data: DataProto, micro: int, device, variant: str) -> DataParallelPPOActor:
+    remove_padding, checkpointing, optim_overrides, kernel, fsdp_overrides = VARIANTS[variant]
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attention_implementation(remove_padding),
                                              dtype=torch.float32)
     optim = {"lr": 1e-6, "total_training_steps": 100, "override_optimizer_config": optim_overrides}
-    engine = FSDPEngine(model, fsdp_config={"dtype": "bfloat16" if device.type == "cuda" else "float32"},
-                        optim_config=optim, enable_gradient_checkpointing=checkpointing, device=device)
-    actor = DataParallelPPOActor({"ppo_epochs": 1, "clip_ratio": 0.2, "loss_agg_mode": "token-mean"}, engine,
-                                 mini_batch_size=len(data), micro_batch_size=micro, remove_padding=remove_padding,
-                                 logprob_kernel=kernel)
+    fsdp_config = {"dtype": "bfloat16" if device.type == "cuda" else "float32", **fsdp_overrides}
+    engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=optim,
+                        enable_gradient_checkpointing=checkpointing, device=device)
+    return DataParallelPPOActor({"ppo_epochs": 1, "clip_ratio": 0.2, "loss_agg_mode": "token-mean"}, engine,
+                                mini_batch_size=len(data), micro_batch_size=micro, remove_padding=remove_padding,
+                                logprob_kernel=kernel)
+
+
+def ours(config: Qwen2Config, data: DataProto, micro: int, steps: int, device, variant: str):
+    actor = build_actor(config, data, micro, device, variant)
     return timed(lambda: actor.update_policy(data, temperature=1.0), steps, device)
 
 
@@ -128,23 +135,20 @@ def profile(config: Qwen2Config, data: DataProto, micro: int, device, variant: s
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    remove_padding, checkpointing, optim_overrides, kernel = VARIANTS[variant]
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention_implementation(remove_padding),
-                                             dtype=torch.float32)
-    engine = FSDPEngine(model, fsdp_config={"dtype": "bfloat16" if device.type == "cuda" else "float32"},
-                        optim_config={"lr": 1e-6, "override_optimizer_config": optim_overrides},
-                        enable_gradient_checkpointing=checkpointing, device=device)
-    actor = DataParallelPPOActor({"ppo_epochs": 1, "clip_ratio": 0.2, "loss_agg_mode": "token-mean"}, engine,
-                                 mini_batch_size=len(data), micro_batch_size=micro, remove_padding=remove_padding,
-                                 logprob_kernel=kernel)
+    actor = build_actor(config, data, micro, device, variant)
     actor.update_policy(data, temperature=1.0)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=activities) as prof:
         actor.update_policy(data, temperature=1.0)
         if device.type == "cuda":
             torch.cuda.synchronize()
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70)
+    averages = prof.key_averages()
+    tables = []
+    if device.type == "cuda":
+        tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70))
+    # Where the host time goes (inclusive, so module-level ops show above the kernels they launch).
+    tables.append(averages.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=70))
+    table = "\n\n".join(tables)
     print(table)
     return table
 
@@ -152,7 +156,7 @@ def profile(config: Qwen2Config, data: DataProto, micro: int, device, variant: s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--micro", type=int, default=16)
+    parser.add_argument("--micro", type=int, nargs="+", default=[16], help="micro-batch rows; several: a sweep")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--quick", action="store_true", help="tiny model on the CPU: checks the script runs")
@@ -165,7 +169,7 @@ def main() -> None:
     config = Qwen2Config(**(QUICK if args.quick else QWEN25_05B))
     prompt, response = (24, 8) if args.quick else (PROMPT, RESPONSE)
     rows = 8 if args.quick else args.rows
-    micro = 4 if args.quick else args.micro
+    micros = [4] if args.quick else args.micro
     init = f"file://{tempfile.mkdtemp()}/pg"
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init, rank=0, world_size=1,
                             timeout=datetime.timedelta(minutes=10))
@@ -173,17 +177,17 @@ def main() -> None:
         torch.cuda.set_device(0)
     counter = FlopsCounter(config, device_name=None if device.type == "cuda" else "cpu")
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "rows": rows, "micro": micro, "cases": {}}
-    print(f"{'workload':8} {'run':20} {'s/step':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'vs baseline':>12}")
+               "torch": torch.__version__, "rows": rows, "micro": micros, "cases": {}}
+    print(f"{'workload':8} {'run':24} {'s/step':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'vs baseline':>12}")
     if args.profile:
-        table = profile(config, make_batch(rows, config.vocab_size, True, device, prompt, response), micro, device,
-                        args.profile)
+        table = profile(config, make_batch(rows, config.vocab_size, True, device, prompt, response), micros[0],
+                        device, args.profile)
         if args.json:
             with open(args.json, "w") as f:
                 f.write(table)
         dist.destroy_process_group()
         return
-    for workload in ("dense", "ragged"):
+    for workload, micro in ((w, m) for w in ("dense", "ragged") for m in micros):
         data = make_batch(rows, config.vocab_size, workload == "ragged", device, prompt, response)
         seqlens = data.batch["attention_mask"].sum(-1).tolist()
         tokens = sum(seqlens)
@@ -191,6 +195,8 @@ def main() -> None:
         for variant in args.variants:
             runs[variant] = lambda variant=variant: ours(config, data, micro, args.steps, device, variant)
         base_seconds = None
+        if len(micros) > 1:
+            workload = f"{workload}/micro{micro}"
         for name, run in runs.items():
             seconds, peak = run()
             if device.type == "cuda":
@@ -200,7 +206,7 @@ def main() -> None:
             base_seconds = base_seconds or seconds
             results["cases"][f"{workload}/{name}"] = {"seconds": seconds, "tokens_per_s": tokens / seconds,
                                                       "mfu": mfu, "peak_gib": peak, "tokens": tokens}
-            print(f"{workload:8} {name:20} {seconds:8.3f} {tokens / seconds:10.0f} {mfu:6.1%} {peak:9.2f} "
+            print(f"{workload:8} {name:24} {seconds:8.3f} {tokens / seconds:10.0f} {mfu:6.1%} {peak:9.2f} "
                   f"{base_seconds / seconds:11.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -2,7 +2,8 @@ import random
 
 import pytest
 
-from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
+from verl.utils.seqlen_balancing import (balance_batch_partitions, karmarkar_karp, log_seqlen_unbalance,
+                                        token_budget_partitions)
 
 
 def check_partition(partitions, n, k):
@@ -49,3 +50,36 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="k must be"):
         balance_batch_partitions([1, 2], 0)
     assert balance_batch_partitions([], 3) == [[], [], []]
+
+
+def test_unequal_karmarkar_karp_hand_case():
+    # Lengths 8, 7, 6, 5, 4 (rows 0..4), 2 groups; each row starts alone: [8|0] ... [4|0].
+    # Largest spreads first: 8 with 7 -> 8|7 (spread 1); 6 with 5 -> 6|5 (1); 4|0 (spread 4) with 8|7
+    # (the older of the spread-1 pair): heaviest with lightest -> 4+7 | 0+8 = 11|8 (3); with 6|5 ->
+    # 11+5 | 8+6 = 16|14: rows {1, 3, 4} and {0, 2}.
+    assert karmarkar_karp([8, 7, 6, 5, 4], 2, equal_size=False) == [[1, 3, 4], [0, 2]]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_token_budget_partitions_fit_the_budget_with_few_parts(seed):
+    rng = random.Random(seed)
+    lengths = [rng.randint(50, 900) for _ in range(rng.randint(20, 300))]
+    budget = rng.choice([1000, 4096, 16384])
+    parts = token_budget_partitions(lengths, budget)
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in p) <= budget for p in parts)
+    consecutive, tokens = 1, 0  # what packing rows in their order would need
+    for length in lengths:
+        if tokens and tokens + length > budget:
+            consecutive, tokens = consecutive + 1, 0
+        tokens += length
+    assert -(-sum(lengths) // budget) <= len(parts) <= consecutive
+    forced = token_budget_partitions(lengths, budget, min_parts=len(parts) + 3)
+    assert len(forced) == len(parts) + 3 and sorted(i for p in forced for i in p) == list(range(len(lengths)))
+
+
+def test_token_budget_partitions_long_rows_and_bad_budget():
+    assert token_budget_partitions([5, 1, 1], 3) == [[0], [1, 2]]  # the 5-token row alone, over the budget
+    assert token_budget_partitions([], 10) == []
+    with pytest.raises(ValueError, match="max_token_len must be positive"):
+        token_budget_partitions([1], 0)

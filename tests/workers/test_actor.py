@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.actor import check_finite, split_micro_batches
+from verl.workers.actor import check_finite, map_micro_batches, split_micro_batches
 from verl.workers.fsdp_workers import micro_batching, per_rank_mini_batch
 from verl.workers.reward_model import place_scores
 
@@ -21,13 +21,23 @@ def rows_with_lengths(lengths, width=6):
 def test_split_by_rows_and_by_token_budget():
     data = rows_with_lengths([3, 4, 2, 6, 1])
     assert [p.batch["row"].tolist() for p in split_micro_batches(data, 2)] == [[0, 1], [2, 3], [4]]
-    # Budget 7: 3+4 fit, 2 (then 6 would overflow), 6 alone, then 1.
+    # Budget 7, 16 tokens: at least 3 parts. Karmarkar-Karp over 6, 4, 3, 2, 1: 6 | 4 | 3, then the 2
+    # joins the lightest (3 -> 5), then the 1 joins the 4 (-> 5): sums 6, 5, 5, all within the budget.
     parts = split_micro_batches(data, max_token_len=7)
-    assert [p.batch["row"].tolist() for p in parts] == [[0, 1], [2], [3, 4]]
+    assert [p.batch["row"].tolist() for p in parts] == [[0, 2], [1, 4], [3]]
     # A row longer than the budget still forms a micro-batch of its own.
     assert [p.batch["row"].tolist() for p in split_micro_batches(data, max_token_len=2)] == [[0], [1], [2], [3], [4]]
     with pytest.raises(ValueError, match="micro_batch_size"):
         split_micro_batches(data, None)
+
+
+def test_map_micro_batches_returns_rows_in_input_order():
+    data = rows_with_lengths([3, 4, 2, 6, 1])
+    row = data.batch["row"]
+    for micro, budget in ((2, None), (None, 7), (None, 2)):
+        doubled, none = map_micro_batches(data, micro, budget, lambda m: (m.batch["row"] * 2, None))
+        assert doubled.tolist() == (row * 2).tolist() and none is None
+        assert map_micro_batches(data, micro, budget, lambda m: m.batch["row"]).tolist() == row.tolist()
 
 
 def test_check_finite_names_the_rows():
@@ -47,12 +57,18 @@ def test_per_rank_mini_batch_counts_prompts_times_n_over_ranks():
 def test_micro_batching_per_gpu_deprecated_global_and_dynamic():
     keys = {"dynamic_key": "use_dynamic_bsz", "token_key": "ppo_max_token_len_per_gpu"}
     where, name = "critic", "ppo_micro_batch_size"
-    assert micro_batching({"ppo_micro_batch_size_per_gpu": 3}, where, name, 4, **keys) == (3, None)
-    assert micro_batching({"ppo_micro_batch_size": 8}, where, name, 4, **keys) == (2, None)
+    rows = {**keys, "remove_padding": False}
+    assert micro_batching({"ppo_micro_batch_size_per_gpu": 3}, where, name, 4, **rows) == (3, None)
+    assert micro_batching({"ppo_micro_batch_size": 8}, where, name, 4, **rows) == (2, None)
     assert micro_batching({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 100}, where, name, 4,
-                          **keys) == (None, 100)
+                          **rows) == (None, 100)
     with pytest.raises(ValueError, match=r"critic.ppo_micro_batch_size_per_gpu is not set.*critic.use_dynamic_bsz"):
-        micro_batching({}, where, name, 4, **keys)
+        micro_batching({}, where, name, 4, **rows)
+    # Unset with packed forwards: by tokens, whatever the row count says; false keeps rows.
+    section = {"ppo_micro_batch_size_per_gpu": 3, "ppo_max_token_len_per_gpu": 100}
+    assert micro_batching(section, where, name, 4, **keys, remove_padding=True) == (None, 100)
+    assert micro_batching({**section, "use_dynamic_bsz": False}, where, name, 4, **keys,
+                          remove_padding=True) == (3, None)
 
 
 def test_place_scores_at_the_last_valid_response_token():
@@ -73,5 +89,5 @@ def test_dynamic_micro_batches_have_the_same_count_on_every_rank(tmp_path):
     from tests.workers.engine.helpers import run_ranks
 
     run_ranks(_uneven_ranks, 2, tmp_path, str(tmp_path))
-    assert torch.load(tmp_path / "rank1.pt") == [[0, 1], [2, 3]]  # 12 tokens per part
-    assert torch.load(tmp_path / "rank0.pt") == [[0, 1], [2, 3]]  # 8 tokens fit one part: split to match rank 1
+    assert torch.load(tmp_path / "rank1.pt") == [[0, 3], [1, 2]]  # 12 tokens per part
+    assert torch.load(tmp_path / "rank0.pt") == [[0, 3], [1, 2]]  # 8 tokens fit one part: split to match rank 1

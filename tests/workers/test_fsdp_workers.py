@@ -34,6 +34,7 @@ def base_config(tiny_qwen2_dir):
     config = compose_ppo_config([
         f"actor_rollout_ref.model.path={tiny_qwen2_dir}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",  # micro batches by rows (the tests count them)
         "data.max_prompt_length=16", f"data.max_response_length={RESPONSE}",
         f"actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.rollout.temperature=0.7",
         "actor_rollout_ref.actor.fsdp_config.dtype=float32",
@@ -152,6 +153,10 @@ def test_gradient_accumulation_matches_one_micro_batch(base_config, tiny_tokeniz
         "4 rows": {"actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": 4},
         "19 tokens": {"actor_rollout_ref__actor__use_dynamic_bsz": True,  # rows hold 9, 6, 8, 11 tokens
                       "actor_rollout_ref__actor__ppo_max_token_len_per_gpu": 19},
+        # the default with packed forwards: by tokens (balanced: rows of 11+6 and 9+8 tokens)
+        "packed, default": {"actor_rollout_ref__actor__use_dynamic_bsz": None,
+                            "actor_rollout_ref__model__use_remove_padding": True,
+                            "actor_rollout_ref__actor__ppo_max_token_len_per_gpu": 19},
     }
     states = {}
     for name, variant in variants.items():
@@ -166,7 +171,7 @@ def test_gradient_accumulation_matches_one_micro_batch(base_config, tiny_tokeniz
         batch.union(group.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
         batch.batch["advantages"] = torch.randn(4, RESPONSE, generator=torch.Generator().manual_seed(3))
         metrics = group.update_actor(batch).meta_info["metrics"]
-        assert len(metrics["actor/pg_loss"]) == {"1 row": 4, "4 rows": 1, "19 tokens": 2}[name]
+        assert len(metrics["actor/pg_loss"]) == {"1 row": 4, "4 rows": 1, "19 tokens": 2, "packed, default": 2}[name]
         states[name] = group.worker.actor_engine.full_state_dict()
     for name, state in states.items():
         for key, value in state.items():

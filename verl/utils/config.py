@@ -25,3 +25,10 @@ def config_get(config: Any, key: str, default: Any = None) -> Any:
         else:
             node = getattr(node, part, None)
     return default if node is None else node
+
+
+def uses_token_budget(use_dynamic_bsz: bool | None, remove_padding: bool) -> bool:
+    """Whether a role sizes its micro-batches by a token budget: ``use_dynamic_bsz`` when set, else
+    (null, the default) whenever its forwards are packed (``use_remove_padding``), since packed
+    memory grows with tokens, not rows."""
+    return bool(remove_padding) if use_dynamic_bsz is None else bool(use_dynamic_bsz)

@@ -1,6 +1,8 @@
-"""Spread sequences over data-parallel ranks so that every rank gets a similar number of tokens.
+"""Balanced partitions of sequences by token count (Karmarkar–Karp).
 
-Used by ``trainer.balance_batch``: the driver partitions the batch's sequence lengths into as many
+Two users. Token-budget micro-batches (``use_dynamic_bsz``): :func:`token_budget_partitions` cuts a
+rank's rows into as few micro-batches under the budget as it can, with similar token sums. And
+``trainer.balance_batch``, which spreads sequences over data-parallel ranks: the driver partitions the batch's sequence lengths into as many
 equal-count groups as the actor has data-parallel ranks, then reorders the batch so that rank r's
 contiguous chunk holds group r::
 
@@ -19,14 +21,7 @@ from collections.abc import Sequence
 
 def balance_batch_partitions(seqlens: Sequence[int], k: int) -> list[list[int]]:
     """Split the indices of ``seqlens`` into ``k`` groups of exactly ``len(seqlens) / k`` indices each,
-    keeping the groups' token sums close.
-
-    Method: Karmarkar–Karp largest differencing, in its equal-count form. The indices, sorted by
-    length, are cut into runs of k consecutive items; each run is a partial solution with one item
-    per group. Repeatedly the two partial solutions with the largest spread (max − min group sum)
-    are merged by joining the heaviest group of one with the lightest group of the other, the second
-    heaviest with the second lightest, and so on, so the two spreads largely cancel. Every merge
-    adds one item from each run to each group, so the counts stay equal.
+    keeping the groups' token sums close (:func:`karmarkar_karp` in its equal-count form).
 
     Returns ``k`` lists of indices, each sorted ascending (rows keep their original relative order
     inside a rank, so samples of one prompt stay next to each other where they can). Deterministic.
@@ -39,14 +34,36 @@ def balance_batch_partitions(seqlens: Sequence[int], k: int) -> list[list[int]]:
             f"balance_batch_partitions: {n} sequences cannot be split into {k} equal-count groups; "
             f"the batch size must be a multiple of the number of data-parallel ranks ({k})"
         )
+    return karmarkar_karp(seqlens, k, equal_size=True)
+
+
+def karmarkar_karp(seqlens: Sequence[int], k: int, *, equal_size: bool) -> list[list[int]]:
+    """Partition the indices of ``seqlens`` into ``k`` groups with close token sums.
+
+    Method: Karmarkar–Karp largest differencing. Every partial solution holds ``k`` groups. With
+    ``equal_size`` the indices, sorted by length, are cut into runs of k consecutive items, one item
+    per group (``len(seqlens)`` must be a multiple of ``k``); otherwise each item starts as a partial
+    solution of its own (one group holding it, k-1 empty). Repeatedly the two partial solutions with
+    the largest spread (max − min group sum) are merged by joining the heaviest group of one with the
+    lightest group of the other, the second heaviest with the second lightest, and so on, so the two
+    spreads largely cancel. With ``equal_size`` every merge adds one item to each group, so the counts
+    stay equal.
+
+    Returns ``k`` lists of indices, each sorted ascending; deterministic. Groups may be empty when
+    ``k > len(seqlens)``.
+    """
+    n = len(seqlens)
+    if k < 1:
+        raise ValueError(f"karmarkar_karp: k must be >= 1, got {k}")
     if n == 0:
         return [[] for _ in range(k)]
-
     order = sorted(range(n), key=lambda i: (seqlens[i], i))
+    runs = ([order[start:start + k] for start in range(0, n, k)] if equal_size else [[i] for i in order])
     tie_breaker = itertools.count()
     heap = []  # entries: (-spread, tie, groups); groups is a list of (sum, [indices]), heaviest first
-    for start in range(0, n, k):
-        groups = sorted(((seqlens[i], [i]) for i in order[start:start + k]), key=lambda g: -g[0])
+    for run in runs:
+        groups = sorted(((seqlens[i], [i]) for i in run), key=lambda g: -g[0])
+        groups += [(0, []) for _ in range(k - len(groups))]
         heapq.heappush(heap, (-(groups[0][0] - groups[-1][0]), next(tie_breaker), groups))
 
     while len(heap) > 1:
@@ -58,6 +75,30 @@ def balance_batch_partitions(seqlens: Sequence[int], k: int) -> list[list[int]]:
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), next(tie_breaker), merged))
 
     return [sorted(indices) for _, indices in heap[0][2]]
+
+
+def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, min_parts: int = 1) -> list[list[int]]:
+    """Micro-batches of at most ``max_token_len`` tokens each (a sequence longer than the budget gets
+    one of its own), as few as possible starting from the lower bound (or ``min_parts``), with
+    balanced token sums (:func:`karmarkar_karp`). Returns index lists, ordered by their first index;
+    every index appears once. ``min_parts`` lets data-parallel ranks agree on one count."""
+    n = len(seqlens)
+    if max_token_len <= 0:
+        raise ValueError(f"max_token_len must be positive, got {max_token_len}")
+    if n == 0:
+        return []
+    long_rows = sum(1 for length in seqlens if length > max_token_len)  # each needs a part of its own
+    fitting = sum(length for length in seqlens if length <= max_token_len)
+    k = min(max(min_parts, long_rows + -(-fitting // max_token_len), 1), n)
+    while True:
+        parts = [p for p in karmarkar_karp(seqlens, k, equal_size=False) if p]
+        while len(parts) < k:  # an empty group: halve the heaviest part so that there are exactly k
+            heaviest = max((p for p in parts if len(p) > 1), key=lambda p: sum(seqlens[i] for i in p))
+            parts.remove(heaviest)
+            parts += [heaviest[:len(heaviest) // 2], heaviest[len(heaviest) // 2:]]
+        if k == n or all(len(p) == 1 or sum(seqlens[i] for i in p) <= max_token_len for p in parts):
+            return sorted(parts, key=lambda p: p[0])
+        k += 1
 
 
 def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]],

@@ -23,41 +23,66 @@ from verl.models import forward_logprobs
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.config import config_get
+from verl.utils.seqlen_balancing import token_budget_partitions
 
-__all__ = ["DataParallelPPOActor", "check_finite", "split_micro_batches"]
+__all__ = ["DataParallelPPOActor", "check_finite", "map_micro_batches", "micro_batch_rows", "split_micro_batches"]
 
 
-def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
-                        max_token_len: int | None = None) -> list[DataProto]:
-    """Consecutive micro-batches of ``data``: ``micro_batch_size`` rows each or, when ``max_token_len``
-    is given (``use_dynamic_bsz``), token-balanced parts of about that many real tokens (attention-mask
-    sum). Forwards are padded, so the budget bounds real tokens, not the padded width.
+def micro_batch_rows(data: DataProto, micro_batch_size: int | None = None,
+                     max_token_len: int | None = None) -> list[list[int]] | list[slice]:
+    """The rows of each micro-batch of ``data``: consecutive slices of ``micro_batch_size`` rows or, when
+    ``max_token_len`` is given (``use_dynamic_bsz``), index lists of as few micro-batches as hold at
+    most that many real tokens (attention-mask sum) each, with balanced token sums
+    (:func:`~verl.utils.seqlen_balancing.token_budget_partitions`). A row longer than the budget is a
+    micro-batch of its own.
 
-    With dynamic sizes every rank uses the largest part count of any rank: each micro-batch is an FSDP
-    forward with collectives, so ranks that ran different numbers of them would hang.
+    With token budgets every rank uses the same number of micro-batches (the largest any rank needs):
+    each micro-batch is an FSDP forward with collectives, so ranks that ran different numbers would hang.
     """
     if max_token_len is None:
         if not micro_batch_size or micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size!r}")
-        return data.split(micro_batch_size)
+        return [slice(start, start + micro_batch_size) for start in range(0, len(data), micro_batch_size)]
     if max_token_len <= 0:
         raise ValueError(f"max_token_len must be positive, got {max_token_len}")
     lengths = data.batch["attention_mask"].sum(-1).tolist()
-    bounds, tokens = [0], 0  # greedy packing: a new part when the next row would overflow the budget
-    for i, length in enumerate(lengths):
-        if i > bounds[-1] and tokens + length > max_token_len:
-            bounds.append(i)
-            tokens = 0
-        tokens += length
-    bounds.append(len(lengths))
-    parts = [[a, b] for a, b in zip(bounds[:-1], bounds[1:])]
-    # Match the rank with the most parts by splitting this rank's heaviest parts (never over budget).
-    for _ in range(_max_over_ranks(len(parts)) - len(parts)):
-        splittable = [p for p in parts if p[1] - p[0] > 1]
-        a, b = max(splittable, key=lambda p: sum(lengths[p[0]:p[1]]))
-        middle = (a + b) // 2
-        parts[parts.index([a, b]):parts.index([a, b]) + 1] = [[a, middle], [middle, b]]
-    return [data.slice(a, b) for a, b in parts]
+    parts = token_budget_partitions(lengths, max_token_len)
+    count = _max_over_ranks(len(parts))
+    while True:  # every rank leaves this loop in the same round: `agreed` and `count` are global
+        if len(parts) != count:
+            parts = token_budget_partitions(lengths, max_token_len, min_parts=count)
+        agreed = _max_over_ranks(len(parts))
+        if agreed == count:
+            return parts
+        count = agreed
+
+
+def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
+                        max_token_len: int | None = None) -> list[DataProto]:
+    """The micro-batches of :func:`micro_batch_rows` (for the update, where row order does not matter)."""
+    return [data[rows] for rows in micro_batch_rows(data, micro_batch_size, max_token_len)]
+
+
+def map_micro_batches(data: DataProto, micro_batch_size: int | None, max_token_len: int | None, fn):
+    """``fn`` on each micro-batch of ``data``; its output tensors (or tuples of tensors and Nones) are
+    concatenated back in the rows' input order."""
+    parts = micro_batch_rows(data, micro_batch_size, max_token_len)
+    outputs = [fn(data[rows]) for rows in parts]
+    if not outputs:
+        raise ValueError("map_micro_batches: the batch has no rows")
+    inverse = None
+    if max_token_len is not None:
+        order = torch.tensor([i for rows in parts for i in rows])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+
+    def join(tensors):
+        joined = torch.cat(tensors)
+        return joined if inverse is None else joined[inverse.to(joined.device)]
+
+    if isinstance(outputs[0], tuple):
+        return tuple(None if outs[0] is None else join(outs) for outs in zip(*outputs))
+    return join(outputs)
 
 
 def _max_over_ranks(value: int) -> int:
@@ -168,15 +193,10 @@ class DataParallelPPOActor:
         module = self.engine.module
         module.eval()
         response_length = data.batch["responses"].shape[-1]
-        log_probs, entropys = [], []
-        for micro in split_micro_batches(data, micro_batch_size, max_token_len):
-            lp, ent = forward_logprobs(module, micro.batch["input_ids"], micro.batch["attention_mask"],
-                                       micro.batch["position_ids"], response_length, temperature=temperature,
-                                       compute_entropy=calculate_entropy, remove_padding=self.remove_padding,
-                                       kernel=self.logprob_kernel)
-            log_probs.append(lp)
-            entropys.append(ent)
-        return torch.cat(log_probs), (torch.cat(entropys) if calculate_entropy else None)
+        return map_micro_batches(data, micro_batch_size, max_token_len, lambda micro: forward_logprobs(
+            module, micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch["position_ids"],
+            response_length, temperature=temperature, compute_entropy=calculate_entropy,
+            remove_padding=self.remove_padding, kernel=self.logprob_kernel))
 
     # ------------------------------------------------------------------------------------ update
     def update_policy(self, data: DataProto, *, temperature: float) -> tuple[dict[str, list[float]], DataProto | None]:

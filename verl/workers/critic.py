@@ -17,7 +17,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.config import config_get
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor import check_finite, run_mini_batches, split_micro_batches
+from verl.workers.actor import check_finite, map_micro_batches, run_mini_batches
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -51,10 +51,9 @@ class DataParallelPPOCritic:
         module = self.engine.module
         module.eval()
         response_length = data.batch["responses"].shape[-1]
-        values = [forward_values(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"],
-                                 response_length, remove_padding=self.remove_padding)
-                  for m in split_micro_batches(data, micro_batch_size, max_token_len)]
-        return torch.cat(values)
+        return map_micro_batches(data, micro_batch_size, max_token_len, lambda m: forward_values(
+            module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"], response_length,
+            remove_padding=self.remove_padding))
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes in mini-batches, one optimizer step each, gradients accumulated over

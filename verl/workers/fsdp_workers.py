@@ -29,7 +29,7 @@ import torch
 from verl.models import load_causal_lm, load_tokenizer, load_value_model
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
-from verl.utils.config import config_get
+from verl.utils.config import config_get, uses_token_budget
 from verl.utils.debug import memory_usage
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.critic import DataParallelPPOCritic
@@ -62,12 +62,13 @@ def per_rank_mini_batch(section, where: str, rollout_n: int, world_size: int) ->
     return rows // world_size
 
 
-def micro_batching(section, where: str, name: str, world_size: int, *, dynamic_key: str,
-                   token_key: str) -> tuple[int | None, int | None]:
+def micro_batching(section, where: str, name: str, world_size: int, *, dynamic_key: str, token_key: str,
+                   remove_padding: bool) -> tuple[int | None, int | None]:
     """``(micro_batch_size, max_token_len)`` of one phase: a token budget ``<where>.<token_key>`` when
-    ``<where>.<dynamic_key>`` is true, else ``<where>.<name>_per_gpu`` rows (or the deprecated global
+    ``<where>.<dynamic_key>`` is true, or unset (null) with packed forwards (``remove_padding``: memory
+    then grows with tokens, not rows); else ``<where>.<name>_per_gpu`` rows (or the deprecated global
     ``<where>.<name>`` divided by the world size)."""
-    if config_get(section, dynamic_key, False):
+    if uses_token_budget(config_get(section, dynamic_key), remove_padding):
         budget = config_get(section, token_key)
         if not isinstance(budget, int) or budget <= 0:
             raise ValueError(f"{where}.{dynamic_key}=true needs {where}.{token_key} > 0 tokens, got {budget!r}")
@@ -188,7 +189,8 @@ class ActorRolloutRefWorker(_RoleWorker):
         if self._is_actor:
             where = "actor_rollout_ref.actor"
             micro, budget = micro_batching(actor, where, "ppo_micro_batch_size", self.world_size,
-                                           dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu")
+                                           dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu",
+                                           remove_padding=remove_padding)
             self.actor = DataParallelPPOActor(
                 actor, self.actor_engine, micro_batch_size=micro, max_token_len=budget, remove_padding=remove_padding,
                 logprob_kernel=kernel,
@@ -196,7 +198,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                                                     self.world_size))
             self._log_prob_batching = micro_batching(
                 config.rollout, "actor_rollout_ref.rollout", "log_prob_micro_batch_size", self.world_size,
-                dynamic_key="log_prob_use_dynamic_bsz", token_key="log_prob_max_token_len_per_gpu")
+                dynamic_key="log_prob_use_dynamic_bsz", token_key="log_prob_max_token_len_per_gpu",
+                remove_padding=remove_padding)
         if self._is_rollout:
             rollout_cls = get_rollout_class(config_get(config, "rollout.name", "hf"))
             self.rollout = rollout_cls(config.rollout, self.actor_engine.module, self.tokenizer)
@@ -210,7 +213,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                                                    logprob_kernel=kernel)
             self._ref_batching = micro_batching(
                 ref, "actor_rollout_ref.ref", "log_prob_micro_batch_size", self.world_size,
-                dynamic_key="log_prob_use_dynamic_bsz", token_key="log_prob_max_token_len_per_gpu")
+                dynamic_key="log_prob_use_dynamic_bsz", token_key="log_prob_max_token_len_per_gpu",
+                remove_padding=remove_padding)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -310,13 +314,14 @@ class CriticWorker(_RoleWorker):
             enable_gradient_checkpointing=bool(config_get(model_config, "enable_gradient_checkpointing", False)),
             device=self.device)
         micro, budget = micro_batching(config, "critic", "ppo_micro_batch_size", self.world_size,
-                                       dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu")
+                                       dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu",
+                                       remove_padding=remove_padding)
         self.critic = DataParallelPPOCritic(
             config, self.engine, mini_batch_size=per_rank_mini_batch(config, "critic", self.rollout_n, self.world_size),
             micro_batch_size=micro, max_token_len=budget, remove_padding=remove_padding)
         self._forward_batching = micro_batching(
             config, "critic", "forward_micro_batch_size", self.world_size, dynamic_key="use_dynamic_bsz",
-            token_key="forward_max_token_len_per_gpu")
+            token_key="forward_max_token_len_per_gpu", remove_padding=remove_padding)
 
     def _check_ready(self, method: str) -> None:
         if self.critic is None:
@@ -391,7 +396,8 @@ class RewardModelWorker(_RoleWorker):
                                   remove_padding=self.remove_padding)
         self.engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=None, device=self.device)
         self._batching = micro_batching(config, "reward_model", "micro_batch_size", self.world_size,
-                                        dynamic_key="use_dynamic_bsz", token_key="forward_max_token_len_per_gpu")
+                                        dynamic_key="use_dynamic_bsz", token_key="forward_max_token_len_per_gpu",
+                                        remove_padding=self.remove_padding)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

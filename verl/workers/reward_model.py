@@ -28,7 +28,7 @@ from verl.models.loader import (
 from verl.models.logprob import call_as_forward
 from verl.models.packed import pack
 from verl.protocol import DataProto
-from verl.workers.actor import split_micro_batches
+from verl.workers.actor import map_micro_batches
 
 __all__ = ["compute_rm_scores", "load_reward_model", "place_scores", "retokenize_for_reward_model", "same_tokenizer",
            "sequence_scores"]
@@ -134,7 +134,6 @@ def compute_rm_scores(module, data: DataProto, *, micro_batch_size: int | None, 
         inputs = DataProto(batch=retokenize_for_reward_model(data, src_tokenizer, rm_tokenizer, max_length))
     else:
         inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=[])
-    scores = [sequence_scores(module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"],
-                              remove_padding=remove_padding)
-              for m in split_micro_batches(inputs, micro_batch_size, max_token_len)]
-    return place_scores(torch.cat(scores), response_mask)
+    scores = map_micro_batches(inputs, micro_batch_size, max_token_len, lambda m: sequence_scores(
+        module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"], remove_padding=remove_padding))
+    return place_scores(scores, response_mask)

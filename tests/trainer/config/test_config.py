@@ -406,14 +406,20 @@ def test_mini_batch_larger_than_or_not_dividing_the_train_batch():
 
 def test_micro_batch_must_divide_the_per_device_mini_batch():
     message = problems("trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
-                       "critic.ppo_micro_batch_size_per_gpu=16")
+                       "critic.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.use_dynamic_bsz=false")
     assert ("- actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: (3) must divide "
             "the per-device mini batch") in message
     assert "64 x n 1 / 8 ranks = 8" in message
     assert "- critic.ppo_micro_batch_size_per_gpu: (16) is larger than the per-device mini batch" in message
-    # token-budget micro batches have no fixed size to check
+    # token-budget micro batches have no fixed size to check: asked for, or by default with packed forwards
     validate("trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
              "critic.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.use_dynamic_bsz=true")
+    validate("trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+             "critic.ppo_micro_batch_size_per_gpu=16")
+    # without packed forwards the default sizes micro batches by rows, which must be set
+    message = problems("actor_rollout_ref.model.use_remove_padding=false",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null")
+    assert "- actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: is not set" in message
 
 
 def test_rollout_n_counts_in_the_split():
@@ -442,7 +448,7 @@ def test_micro_batch_pairs_both_set():
 
 def test_micro_batch_pairs_neither_set():
     message = problems("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-                       "critic.ppo_micro_batch_size_per_gpu=null")
+                       "critic.ppo_micro_batch_size_per_gpu=null", "actor_rollout_ref.actor.use_dynamic_bsz=false")
     assert "- actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu: is not set" in message
     assert "- critic.ppo_micro_batch_size_per_gpu: is not set" in message
 
@@ -450,7 +456,7 @@ def test_micro_batch_pairs_neither_set():
 def test_deprecated_global_micro_batch_warns_with_the_per_gpu_value():
     warnings = validate("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
                         "actor_rollout_ref.actor.ppo_micro_batch_size=8", "trainer.n_gpus_per_node=2",
-                        "critic.ppo_micro_batch_size_per_gpu=2")
+                        "critic.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_dynamic_bsz=false")
     assert any(w.startswith("actor_rollout_ref.actor.ppo_micro_batch_size: is deprecated. "
                             "Use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4") for w in warnings)
 
@@ -460,7 +466,7 @@ def test_micro_batch_pairs_only_for_roles_in_use():
     validate("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
              "critic.ppo_micro_batch_size_per_gpu=null", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null")
     message = problems("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
-                       "actor_rollout_ref.actor.use_kl_loss=true",
+                       "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.use_dynamic_bsz=false",
                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null")
     assert "- actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu: is not set" in message
     assert "critic." not in message

@@ -26,6 +26,7 @@ from verl.trainer.ppo.core_algos import (
     registered_adv_estimators,
     registered_policy_losses,
 )
+from verl.utils.config import uses_token_budget
 from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS
 from verl.workers.reward_manager import (
     get_reward_manager_cls,
@@ -457,6 +458,16 @@ def check_combinations(run: Run) -> Iterator[Issue]:
 # --------------------------------------------------------------------------------------------------
 
 
+_REMOVE_PADDING = {ACTOR: f"{AR}.model.use_remove_padding", ROLLOUT: f"{AR}.model.use_remove_padding",
+                   REF: f"{AR}.model.use_remove_padding", "critic": "critic.model.use_remove_padding",
+                   "reward_model": "reward_model.model.use_remove_padding"}
+
+
+def _by_tokens(run: Run, section: str, dynamic_key: str) -> bool:
+    """Whether ``section`` sizes micro batches by a token budget (see :func:`uses_token_budget`)."""
+    return uses_token_budget(run.get(dynamic_key), run.get(_REMOVE_PADDING[section], False))
+
+
 def _micro_batch_roles(run: Run) -> list[tuple[str, str, str]]:
     """(section, micro batch key name, dynamic-batch flag) of the roles this run uses."""
     roles = [(ACTOR, "ppo_micro_batch_size", f"{ACTOR}.use_dynamic_bsz"),
@@ -473,13 +484,13 @@ def _micro_batch_roles(run: Run) -> list[tuple[str, str, str]]:
 def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
     """Exactly one of ``<x>_micro_batch_size`` (deprecated, global) and ``<x>_micro_batch_size_per_gpu``."""
     for section, name, dynamic_key in _micro_batch_roles(run):
-        if run.get(dynamic_key):
-            continue
         global_key, gpu_key = f"{section}.{name}", f"{section}.{name}_per_gpu"
         global_value, gpu_value = run.get(global_key), run.get(gpu_key)
         if global_value is not None and gpu_value is not None:
             yield error(global_key, f"is set together with {gpu_key}; set only one. "
                                     f"Remove {global_key} (deprecated) and keep {gpu_key}")
+        elif _by_tokens(run, section, dynamic_key):
+            continue  # sized by the token budget; the row counts are not used
         elif global_value is None and gpu_value is None:
             yield error(gpu_key, f"is not set. Set {gpu_key}=<sequences per device per forward pass>, e.g. 4, "
                                  f"or {dynamic_key}=true to size micro batches by tokens")
@@ -487,7 +498,7 @@ def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
             per_gpu = global_value // run.n_devices if _positive_int(global_value) and run.n_devices else "N"
             yield warn(global_key, f"is deprecated. Use {gpu_key}={per_gpu} "
                                    "(the global value divided by the number of devices)")
-    if run.uses_critic and not run.get("critic.use_dynamic_bsz"):
+    if run.uses_critic and not _by_tokens(run, "critic", "critic.use_dynamic_bsz"):
         global_key, gpu_key = "critic.forward_micro_batch_size", "critic.forward_micro_batch_size_per_gpu"
         if run.get(global_key) is not None and run.get(gpu_key) is not None:
             yield error(global_key, f"is set together with {gpu_key}; set only one. Keep {gpu_key}")
@@ -551,7 +562,7 @@ def _check_role_batches(run: Run, section: str, dynamic_key: str, train: int, n:
         yield error(mini_key, f"({mini}) must divide data.train_batch_size ({train}) so that every optimizer step "
                               f"sees a full mini batch. Set {mini_key} to a divisor of {train}")
     micro = _micro_per_device(run, section, "ppo_micro_batch_size")
-    if run.get(dynamic_key) or micro is None:
+    if _by_tokens(run, section, dynamic_key) or micro is None:
         return
     per_device = mini * n // dp
     micro_key = f"{section}.ppo_micro_batch_size_per_gpu"
