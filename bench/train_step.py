@@ -53,6 +53,8 @@ VARIANTS = {
     "packed,torch_logprob": (True, False, {}, "torch", {}),
     "packed+ckpt,keep_params": (True, True, {}, "auto", {"reshard_after_forward": False}),
     "packed,keep_params": (True, False, {}, "auto", {"reshard_after_forward": False}),
+    "packed+ckpt,compiled": (True, True, {}, "auto", {"compile": True}),
+    "packed,compiled": (True, False, {}, "auto", {"compile": True}),
 }
 PROMPT, RESPONSE = 512, 256
 
@@ -118,7 +120,7 @@ def build_actor(config: Qwen2Config, data: DataProto, micro: int, device, varian
                                              dtype=torch.float32)
     optim = {"lr": 1e-6, "total_training_steps": 100, "override_optimizer_config": optim_overrides}
     fsdp_config = {"dtype": "bfloat16" if device.type == "cuda" else "float32", **fsdp_overrides}
-    engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=optim,
+    engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=optim, compile_layers="compile" in fsdp_config,
                         enable_gradient_checkpointing=checkpointing, device=device)
     return DataParallelPPOActor({"ppo_epochs": 1, "clip_ratio": 0.2, "loss_agg_mode": "token-mean"}, engine,
                                 mini_batch_size=len(data), micro_batch_size=micro, remove_padding=remove_padding,

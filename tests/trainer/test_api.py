@@ -138,13 +138,15 @@ def test_article_config_with_hf_builds_and_validation_asks_only_for_the_run_sett
     keys = problem_keys(info.value)
     if importlib.util.find_spec("ray") is None:
         keys.discard("trainer.backend")
-    # The snippet names no data and, like verl's own config, leaves the micro batch sizes to the user.
-    assert keys == {
-        "data.train_files",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "critic.ppo_micro_batch_size_per_gpu",
-    }
+    # The snippet names no data. It leaves the micro batch sizes unset, as verl's own config does; with
+    # packed forwards (the default) micro batches are sized by tokens, so they are not needed.
+    assert keys == {"data.train_files"}
+    with pytest.raises(ConfigError) as info:
+        PPOTrainer(**article_config("hf"), overrides=["actor_rollout_ref.actor.use_dynamic_bsz=false"]).validate()
+    keys = problem_keys(info.value) - {"trainer.backend"}
+    assert keys == {"data.train_files", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                    "critic.ppo_micro_batch_size_per_gpu"}
 
     micro = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",

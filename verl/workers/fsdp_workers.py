@@ -185,7 +185,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                 model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
                 grad_clip=config_get(actor, "grad_clip", 1.0), device=self.device,
                 enable_gradient_checkpointing=self._is_actor and bool(
-                    config_get(model_config, "enable_gradient_checkpointing", False)))
+                    config_get(model_config, "enable_gradient_checkpointing", False)),
+                compile_layers=bool(config_get(actor, "use_torch_compile", False)))
         if self._is_actor:
             where = "actor_rollout_ref.actor"
             micro, budget = micro_batching(actor, where, "ppo_micro_batch_size", self.world_size,
@@ -208,7 +209,8 @@ class ActorRolloutRefWorker(_RoleWorker):
             fsdp_config = _fsdp_config_with_dtype(ref.fsdp_config, config_get(actor, "fsdp_config.dtype"))
             dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype  # frozen: no fp32 master copy
             self.ref_engine = FSDPEngine(load_causal_lm(path, dtype=dtype, **load_kwargs), fsdp_config=fsdp_config,
-                                         optim_config=None, device=self.device)
+                                         optim_config=None, device=self.device,
+                                         compile_layers=bool(config_get(ref, "use_torch_compile", False)))
             self.ref_policy = DataParallelPPOActor(ref, self.ref_engine, remove_padding=remove_padding,
                                                    logprob_kernel=kernel)
             self._ref_batching = micro_batching(

@@ -65,7 +65,7 @@ _NOT_IMPLEMENTED_ERRORS = {
 }
 _NOT_IMPLEMENTED_WARNINGS = (
     "data.use_shm", f"{AR}.model.use_shm", "critic.model.use_shm", "reward_model.model.use_shm",
-    f"{ACTOR}.use_torch_compile", f"{AR}.model.hf_config_path", "data.tokenizer", "data.dataloader_num_workers",
+    f"{AR}.model.hf_config_path", "data.tokenizer", "data.dataloader_num_workers",
     f"{ACTOR}.fsdp_config.wrap_policy.min_num_params", f"{ACTOR}.fsdp_config.forward_prefetch",
     "critic.model.fsdp_config.wrap_policy.min_num_params", "critic.model.fsdp_config.forward_prefetch",
     f"{ROLLOUT}.mode", "trainer.log_val_generations", "trainer.del_local_ckpt_after_load",

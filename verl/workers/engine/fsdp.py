@@ -64,6 +64,27 @@ def mixed_precision_policy(fsdp_config, device: torch.device) -> MixedPrecisionP
                                 reduce_dtype=loader.resolve_dtype(reduce_dtype))
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of the classes ``model._no_split_modules`` names (its decoder layers; before
+    ``fully_shard``, which renames their classes)."""
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in layer_classes]
+
+
+def compile_decoder_layers(model: torch.nn.Module) -> bool:
+    """Replace each decoder layer's ``forward`` with ``torch.compile(forward, dynamic=True)``: its
+    elementwise work (RMSNorm, rotary, SwiGLU, residuals) becomes a few fused kernels. The FSDP hooks
+    (on ``__call__``) and checkpointing's wrapper stay eager; token counts vary, hence dynamic shapes.
+    One compiled graph serves all layers. Returns whether any layer was compiled."""
+    layers = decoder_layers(model)
+    # Layers share one code object; a generous cache keeps recompiles for new shapes/flags from
+    # falling back to eager.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(layers), 64)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    return bool(layers)
+
+
 def shard_model(model: torch.nn.Module, mesh, *, mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool,
                 offload_policy: bool) -> torch.nn.Module:
     """``fully_shard`` each decoder layer (classes named in ``model._no_split_modules``), then the root.
@@ -73,8 +94,7 @@ def shard_model(model: torch.nn.Module, mesh, *, mp_policy: MixedPrecisionPolicy
     kwargs = {"mesh": mesh, "mp_policy": mp_policy}
     if offload_policy:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    layers = decoder_layers(model)
     if not layers:
         logger.warning("%s names no decoder layer class in _no_split_modules; sharding the whole model as one "
                        "unit (every forward gathers all parameters at once).", type(model).__name__)
@@ -114,13 +134,14 @@ class FSDPEngine:
         optim_config: ``*.optim``; None builds no optimizer (a frozen reference model).
         grad_clip: max global grad norm (``actor.grad_clip``); <= 0 or None measures without clipping.
         enable_gradient_checkpointing: recompute each decoder layer in backward.
+        compile_layers: ``torch.compile`` each decoder layer's forward (CUDA only; see :func:`compile_layers`).
         total_training_steps: overrides ``optim.total_training_steps`` for the LR schedule.
         device: defaults to the current CUDA device with an NCCL process group, else the CPU.
     """
 
     def __init__(self, model: torch.nn.Module, *, fsdp_config=None, optim_config=None, grad_clip: float | None = 1.0,
-                 enable_gradient_checkpointing: bool = False, total_training_steps: int | None = None,
-                 device: torch.device | str | None = None):
+                 enable_gradient_checkpointing: bool = False, compile_layers: bool = False,
+                 total_training_steps: int | None = None, device: torch.device | str | None = None):
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs an initialised default process group (the Worker base does that; "
                                "in a script call torch.distributed.init_process_group first).")
@@ -143,6 +164,7 @@ class FSDPEngine:
             loader.enable_gradient_checkpointing(model)
         if getattr(model, "config", None) is not None:
             model.config.use_cache = False
+        self.compiled = compile_layers and self.device.type == "cuda" and compile_decoder_layers(model)
         self.module = shard_model(model, self.mesh, mp_policy=mixed_precision_policy(fsdp_config, self.device),
                                   reshard_after_forward=self.reshard_after_forward, offload_policy=self.offload_policy)
         _check_tied(self.module)

@@ -1,0 +1,93 @@
+"""The memory estimate (verl.trainer.plan): components worked out by hand, the checkpointing choice, the CLI."""
+
+import pytest
+
+from verl.trainer import plan as plan_module
+from verl.trainer.config_validation import compose_ppo_config
+from verl.trainer.plan import GIB, ModelShape, plan_memory, resolve_gradient_checkpointing
+
+# 1000 parameters, 4 layers of 100 (600 outside them), hidden 8, MLP 16, kv 4, vocab 50.
+SHAPE = ModelShape(params=1000, layer_params=100, layers=4, hidden=8, intermediate=16, kv_dim=4, vocab=50)
+
+
+def config(*overrides, path="/unused"):
+    return compose_ppo_config([
+        f"actor_rollout_ref.model.path={path}", "trainer.n_gpus_per_node=2", "data.train_batch_size=8",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "data.max_prompt_length=24", "data.max_response_length=8", "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64", *overrides])
+
+
+def test_actor_components_by_hand():
+    plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=true"), None,
+                       shapes={"actor": SHAPE})
+    actor = plan.components["actor"]
+    assert actor["weights (sharded master)"] == 1000 * 4 // 2
+    assert actor["gradients (sharded)"] == 2000
+    assert actor["optimizer (AdamW moments)"] == 1000 * 8 // 2
+    assert actor["unsharded bf16 (root + 2 layers)"] == 2 * (600 + 2 * 100)
+    # 64 tokens x (4 layer inputs x 2h bytes + 3 MLP intermediates x 2 bytes) = 64 x (64 + 96)
+    assert actor["activations (64 tokens, ckpt)"] == 10240
+    assert actor["log-prob chunk logits + grad"] == 64 * 50 * 2 * 2
+    # Without checkpointing each layer keeps 2 x (13h + 4kv + 4I) = 2 x (104 + 16 + 64) bytes per token.
+    plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=false"), None,
+                       shapes={"actor": SHAPE})
+    assert plan.components["actor"]["activations (64 tokens, no ckpt)"] == 64 * 4 * 2 * 184
+    # Rows instead of tokens: micro-batch 3 rows of up to 24 + 8 tokens.
+    plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                              "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"), None, shapes={"actor": SHAPE})
+    assert "activations (96 tokens, ckpt)" in plan.components["actor"]
+
+
+def test_phases_reference_rollout_and_fit():
+    overrides = ("actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.actor.use_kl_loss=true")
+    plan = plan_memory(config(*overrides), None, shapes={"actor": SHAPE})
+    resident = 2000 + 4000 + 2 * 1000 // 2  # actor master + moments, reference bf16 weights
+    # 8 rows per GPU (8 prompts x 2 / 2 GPUs): 8 slots x 2 (k, v) x 4 layers x kv 4 x 32 tokens x 2 bytes
+    rollout = plan.components["rollout"]
+    assert rollout["KV cache (8 sequences x 32 tokens)"] == 8 * 2 * 4 * 4 * 32 * 2
+    assert plan.phases["generation"] == resident + 2 * 1000 + 8 * 2 * 4 * 4 * 32 * 2 + 4 * 8 * 50 * 4
+    assert plan.phases["actor update"] == resident - 6000 + sum(plan.components["actor"].values())
+    assert plan.fits is None and plan.peak == max(plan.phases.values())
+    small = plan_memory(config(*overrides), plan.peak - 1, shapes={"actor": SHAPE})
+    assert small.fits is False and any("optimizer_offload" in a for a in small.advice)
+    assert plan_memory(config(*overrides), plan.peak, shapes={"actor": SHAPE}).fits is True
+
+
+def test_unset_checkpointing_is_chosen_by_the_estimate(monkeypatch, tiny_qwen2_dir):
+    messages = []
+    cfg = config(path=tiny_qwen2_dir)
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is None  # the default: unset
+    monkeypatch.setattr(plan_module, "device_memory", lambda _: None)
+    resolve_gradient_checkpointing(cfg, log=messages.append)
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True and "no GPU" in messages[0]
+    for device, expected in ((80 * GIB, False), (1024, True)):
+        cfg = config(path=tiny_qwen2_dir)
+        monkeypatch.setattr(plan_module, "device_memory", lambda _, device=device: device)
+        resolve_gradient_checkpointing(cfg, log=messages.append)
+        assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is expected
+    cfg = config("actor_rollout_ref.model.enable_gradient_checkpointing=false", path=tiny_qwen2_dir)
+    monkeypatch.setattr(plan_module, "device_memory", lambda _: 1024)
+    resolve_gradient_checkpointing(cfg, log=messages.append)  # set by the user: left alone
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
+
+
+def test_cli_reads_the_model_folder(tiny_qwen2_dir, capsys):
+    assert plan_module.main([f"actor_rollout_ref.model.path={tiny_qwen2_dir}", "trainer.n_gpus_per_node=1",
+                             "trainer.device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "actor update" in out and "critic" in out  # gae by default: a critic
+    assert plan_module.main(["actor_rollout_ref.model.path=/no/such/model"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("params", [494_032_768])
+def test_shape_of_a_real_architecture_on_the_meta_device(tmp_path, params):
+    from transformers import Qwen2Config
+
+    Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True).save_pretrained(tmp_path)
+    shape = plan_module.model_shape(str(tmp_path), config_key="actor_rollout_ref.model.path")
+    assert shape.params == params  # Qwen2.5-0.5B's published count
+    assert (shape.layers, shape.kv_dim, shape.root_params) == (24, 128, 151936 * 896 + 896)

@@ -1,0 +1,326 @@
+"""Memory estimate of a PPO/GRPO config before anything starts: per-GPU bytes of each role, per phase.
+
+    python -m verl.trainer.plan <the same overrides as main_ppo>
+
+Reads the model's ``config.json`` only (the parameters are counted on the meta device; no weights are
+loaded, no GPU is needed) and prints, per GPU of the actor's pool: weights, gradients and optimizer
+state of the actor (and critic), the reference weights, activations at the configured micro-batch
+(token budget or rows x longest sequence) with or without gradient checkpointing, the log-prob
+chunk's logits, and the rollout's weights and KV cache; then the peak of each phase of a step and
+whether it fits the device, and which key to change when it does not.
+
+The activation model is per token and per decoder layer (bf16, packed varlen attention), from the
+tensors autograd keeps in a Llama/Qwen2-style layer: two RMSNorms (fp32 input and bf16 output, 3h
+each), q/k/v and the rotary copies, the attention output and o_proj input (13h + 4·kv in all, kv
+heads counted as repeated once for the kernel), and the MLP's gate, up, SiLU and product (4·I):
+``2·(13h + 4kv + 4I)`` bytes. With checkpointing a layer keeps only its input (2h bytes) and the
+forward holds one layer's MLP intermediates at a time (3·I). Checked against the measured peaks of
+``bench/train_step.py`` and ``bench/peer_grpo.py`` (docs/benchmarks.md).
+
+Not modelled: parameter/optimizer offload (reported as not resident), sequence parallelism, LoRA,
+multi-turn rollouts, fragmentation of the caching allocator.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+GIB = 2 ** 30
+LOGPROB_CHUNK = 1024  # rows of logits alive at once (verl.models.logprob)
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+
+
+@dataclass
+class ModelShape:
+    """What the estimate needs of an architecture."""
+
+    params: int
+    layer_params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_dim: int
+    vocab: int
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers (embeddings, final norm, untied lm_head)."""
+        return self.params - self.layers * self.layer_params
+
+    def activation_bytes(self, tokens: int, checkpointing: bool) -> int:
+        """Autograd-saved activations of the decoder stack for ``tokens`` packed tokens (see module doc)."""
+        h, i, kv = self.hidden, self.intermediate, self.kv_dim
+        if checkpointing:
+            return tokens * (self.layers * 2 * h + 2 * 3 * i)
+        return tokens * self.layers * 2 * (13 * h + 4 * kv + 4 * i)
+
+    def forward_bytes(self, tokens: int) -> int:
+        """Transient activations of a no-grad forward (one layer's MLP intermediates, the residual)."""
+        return tokens * 2 * (3 * self.intermediate + 4 * self.hidden)
+
+
+def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, override_config=None,
+                value_head: bool = False) -> ModelShape:
+    """Counts the parameters of the model at ``path`` on the meta device (nothing is allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.loader import load_hf_config
+
+    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
+                            config_key=config_key)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    params = sum(p.numel() for p in model.parameters())
+    layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
+    if not layers:
+        raise ValueError(f"{config_key}={path!r}: no decoder layer list found in {type(model).__name__}")
+    layer_params = sum(p.numel() for p in layers[0].parameters())
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    if value_head:  # a value head replaces the lm_head (tied or not, its weight is no longer shared)
+        lm_head = text.vocab_size * text.hidden_size
+        tied = bool(getattr(text, "tie_word_embeddings", False))
+        params = params - (0 if tied else lm_head) + text.hidden_size + 1
+    return ModelShape(params=params, layer_params=layer_params, layers=len(layers), hidden=text.hidden_size,
+                      intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size), kv_dim=kv_heads * head_dim,
+                      vocab=text.vocab_size)
+
+
+@dataclass
+class Plan:
+    """Per-GPU bytes by role and component, the peak of each phase, and advice."""
+
+    device_bytes: int | None
+    components: dict[str, dict[str, int]] = field(default_factory=dict)
+    phases: dict[str, int] = field(default_factory=dict)
+    advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_bytes is None else self.peak <= self.device_bytes
+
+    def render(self) -> str:
+        lines = ["per-GPU memory estimate (GiB)"]
+        for role, parts in self.components.items():
+            lines.append(f"  {role}")
+            lines += [f"    {name:34} {value / GIB:8.2f}" for name, value in parts.items()]
+        lines.append("  peak by phase")
+        lines += [f"    {name:34} {value / GIB:8.2f}" for name, value in self.phases.items()]
+        device = "unknown" if self.device_bytes is None else f"{self.device_bytes / GIB:.1f} GiB"
+        verdict = {True: "fits", False: "does NOT fit", None: "cannot be checked (no device size)"}[self.fits]
+        lines.append(f"peak {self.peak / GIB:.2f} GiB on a device of {device}: {verdict}")
+        lines += [f"note: {n}" for n in self.notes] + [f"to fit: {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def _get(config, key, default=None):
+    from verl.utils.config import config_get
+
+    return config_get(config, key, default)
+
+
+def _micro_tokens(config, section: str, dynamic_key: str, token_key: str, rows_key: str, remove_padding: bool,
+                  max_len: int, per_rank_rows: int) -> tuple[int, str]:
+    """Tokens of the largest micro-batch of a phase and how that was decided."""
+    from verl.utils.config import uses_token_budget
+
+    if uses_token_budget(_get(config, f"{section}.{dynamic_key}"), remove_padding):
+        budget = int(_get(config, f"{section}.{token_key}"))
+        return max(budget, max_len), f"{section}.{token_key}={budget}"
+    rows = _get(config, f"{section}.{rows_key}_per_gpu") or per_rank_rows
+    return min(int(rows), per_rank_rows) * max_len, f"{section}.{rows_key}_per_gpu={rows} x {max_len} tokens"
+
+
+def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, ModelShape] | None = None) -> Plan:
+    """The estimate for a composed ``ppo_trainer`` config. ``shapes`` (``actor``, ``critic``) skips
+    reading the model folders (tests)."""
+    ar = "actor_rollout_ref"
+    shapes = dict(shapes or {})
+    if "actor" not in shapes:
+        shapes["actor"] = model_shape(_get(config, f"{ar}.model.path"), config_key=f"{ar}.model.path",
+                                      trust_remote_code=bool(_get(config, f"{ar}.model.trust_remote_code", False)),
+                                      override_config=_get(config, f"{ar}.model.override_config"))
+    actor = shapes["actor"]
+    n_gpus = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
+    n = int(_get(config, f"{ar}.rollout.n", 1))
+    prompt, response = int(_get(config, "data.max_prompt_length", 512)), int(_get(config, "data.max_response_length", 512))
+    max_len = prompt + response
+    rows = int(_get(config, "data.train_batch_size")) * n // n_gpus
+    mini_rows = int(_get(config, f"{ar}.actor.ppo_mini_batch_size")) * n // n_gpus
+    plan = Plan(device_bytes=device_bytes)
+    compute = 2  # bf16 compute copies (fsdp_config.mixed_precision.param_dtype's default)
+    master = _DTYPE_BYTES.get(str(_get(config, f"{ar}.actor.fsdp_config.model_dtype", "fp32")), 4)
+
+    def trained(shape: ModelShape, section: str, model_section: str, logits: bool, tokens: int, why: str):
+        ckpt = bool(_get(config, f"{model_section}.enable_gradient_checkpointing", True))
+        opt_offload = bool(_get(config, f"{section}.fsdp_config.optimizer_offload", False))
+        parts = {
+            "weights (sharded master)": shape.params * master // n_gpus,
+            "gradients (sharded)": shape.params * master // n_gpus,
+            "optimizer (AdamW moments)": 0 if opt_offload else 2 * 4 * shape.params // n_gpus,
+            "unsharded bf16 (root + 2 layers)": compute * (shape.root_params + 2 * shape.layer_params),
+            f"activations ({tokens} tokens, {'ckpt' if ckpt else 'no ckpt'})": shape.activation_bytes(tokens, ckpt),
+        }
+        if logits:
+            parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * compute
+        plan.notes.append(f"{section} micro-batch: {why}" + ("; optimizer offloaded to CPU" if opt_offload else ""))
+        return parts
+
+    remove_padding = bool(_get(config, f"{ar}.model.use_remove_padding", False))
+    tokens, why = _micro_tokens(config, f"{ar}.actor", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
+                                "ppo_micro_batch_size", remove_padding, max_len, mini_rows)
+    plan.components["actor"] = trained(actor, f"{ar}.actor", f"{ar}.model", True, tokens, why)
+    resident = {"actor": sum(v for k, v in plan.components["actor"].items()
+                             if k.startswith(("weights", "optimizer")))}
+
+    uses_ref = bool(_get(config, f"{ar}.actor.use_kl_loss", False)) or bool(_get(config, "algorithm.use_kl_in_reward", False))
+    if uses_ref:
+        lp_tokens, _ = _micro_tokens(config, f"{ar}.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
+                                     "log_prob_micro_batch_size", remove_padding, max_len, rows)
+        offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False))
+        plan.components["reference"] = {
+            "weights (bf16, sharded)": 0 if offload else compute * actor.params // n_gpus,
+            f"forward ({lp_tokens} tokens)": actor.forward_bytes(lp_tokens)
+            + min(LOGPROB_CHUNK, lp_tokens) * actor.vocab * compute
+            + compute * (actor.root_params + 2 * actor.layer_params),
+        }
+        resident["reference"] = plan.components["reference"]["weights (bf16, sharded)"]
+
+    if _uses_critic(config):
+        if "critic" not in shapes:
+            shapes["critic"] = model_shape(_get(config, "critic.model.path"), config_key="critic.model.path",
+                                           trust_remote_code=bool(_get(config, "critic.model.trust_remote_code", False)),
+                                           value_head=True)
+        critic_rp = bool(_get(config, "critic.model.use_remove_padding", False))
+        c_mini = int(_get(config, "critic.ppo_mini_batch_size") or _get(config, f"{ar}.actor.ppo_mini_batch_size")) * n
+        c_tokens, c_why = _micro_tokens(config, "critic", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
+                                        "ppo_micro_batch_size", critic_rp, max_len, c_mini // n_gpus)
+        plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", False, c_tokens, c_why)
+        resident["critic"] = sum(v for k, v in plan.components["critic"].items() if k.startswith(("weights", "optimizer")))
+
+    # Generation: the actor's full bf16 weights (gathered), the KV cache and the sampler's logits.
+    max_seqs = int(_get(config, f"{ar}.rollout.max_num_seqs", 1024))
+    slots = max(1, min(rows, max_seqs))
+    kv = slots * 2 * actor.layers * actor.kv_dim * max_len * compute
+    util = float(_get(config, f"{ar}.rollout.gpu_memory_utilization", 0.5))
+    rollout = {"weights (bf16, gathered)": compute * actor.params,
+               f"KV cache ({slots} sequences x {max_len} tokens)": kv,
+               "sampling logits (fp32)": 4 * slots * actor.vocab * 4}
+    if device_bytes is not None:
+        free = device_bytes - sum(resident.values())
+        if kv > util * free:
+            rollout[f"KV cache ({slots} sequences x {max_len} tokens)"] = int(util * free)
+            plan.notes.append(f"the KV cache is capped at rollout.gpu_memory_utilization={util} of the free memory; "
+                              "generation runs in waves")
+    plan.components["rollout"] = rollout
+
+    base = sum(resident.values())
+    plan.phases["generation"] = base + sum(rollout.values())
+    if uses_ref:
+        plan.phases["reference log-probs"] = base + plan.components["reference"][next(
+            k for k in plan.components["reference"] if k.startswith("forward"))]
+    for role in ("actor", "critic"):
+        if role in plan.components:
+            plan.phases[f"{role} update"] = base - resident[role] + sum(plan.components[role].values())
+
+    if plan.fits is False:
+        for role, model_section in (("actor", f"{ar}.model"), ("critic", "critic.model")):
+            if role in plan.components and f"{role} update" in plan.phases and \
+                    plan.phases[f"{role} update"] > device_bytes:
+                section = f"{ar}.actor" if role == "actor" else "critic"
+                if not _get(config, f"{model_section}.enable_gradient_checkpointing", True):
+                    plan.advice.append(f"{model_section}.enable_gradient_checkpointing=true")
+                plan.advice.append(f"a smaller {section}.ppo_max_token_len_per_gpu (or micro batch)")
+                if not _get(config, f"{section}.fsdp_config.optimizer_offload", False):
+                    plan.advice.append(f"{section}.fsdp_config.optimizer_offload=true")
+        if plan.phases["generation"] > device_bytes:
+            plan.advice.append(f"a smaller {ar}.rollout.max_num_seqs or gpu_memory_utilization")
+        plan.advice.append("more GPUs (trainer.n_gpus_per_node / trainer.nnodes): weights, gradients and optimizer "
+                           "state are sharded over them")
+    return plan
+
+
+def _uses_critic(config) -> bool:
+    enable = _get(config, "critic.enable")
+    return bool(enable) if enable is not None else str(_get(config, "algorithm.adv_estimator", "gae")) == "gae"
+
+
+def device_memory(config) -> int | None:
+    """Total memory of one GPU when this process can see one and the run uses CUDA, else None."""
+    import torch
+
+    if str(_get(config, "trainer.device", "cuda")) != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory
+
+
+def resolve_gradient_checkpointing(config, log=print) -> None:
+    """Fill ``enable_gradient_checkpointing`` left unset (null) for the actor and critic: off when the
+    step is estimated to fit in 80% of the GPU without it (faster: no recomputation), else on; on when
+    the device size is unknown (CPU runs, a driver without a GPU)."""
+    sections = ["actor_rollout_ref.model"] + (["critic.model"] if _uses_critic(config) else [])
+    unset = [s for s in sections
+             if _get(config, s) is not None and _get(config, f"{s}.enable_gradient_checkpointing") is None]
+    if not unset:
+        return
+    device = device_memory(config)
+    choice = True
+    if device is not None:
+        try:
+            choice = plan_memory(_with_checkpointing(config, unset, False), device).peak > 0.8 * device
+        except (OSError, ValueError) as err:  # the config check reports a bad model path itself
+            log(f"[plan] could not estimate memory ({err}); gradient checkpointing stays on")
+    _set_checkpointing(config, unset, choice)
+    where = "no GPU visible to estimate with" if device is None else f"estimated peak vs {device / GIB:.0f} GiB"
+    log(f"[plan] {', '.join(s + '.enable_gradient_checkpointing' for s in unset)} unset: "
+        f"{'on' if choice else 'off'} ({where}); set it to true/false to choose")
+
+
+def _set_checkpointing(config, sections, value: bool) -> None:
+    from omegaconf import open_dict
+
+    with open_dict(config):
+        for section in sections:
+            node = config
+            for part in section.split("."):
+                node = node[part]
+            node["enable_gradient_checkpointing"] = value
+
+
+def _with_checkpointing(config, sections, value: bool):
+    import copy
+
+    trial = copy.deepcopy(config)
+    _set_checkpointing(trial, sections, value)
+    return trial
+
+
+def main(argv: list[str] | None = None) -> int:
+    from verl.trainer.config_validation import ConfigError, compose_ppo_config
+
+    try:
+        config = compose_ppo_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    try:
+        resolve_gradient_checkpointing(config)
+        plan = plan_memory(config, device_memory(config))
+    except (OSError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(plan.render())
+    return 0 if plan.fits is not False else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
