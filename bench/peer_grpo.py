@@ -137,9 +137,25 @@ def run_ours(out: str, steps: int, quick: bool, max_prompt: int, overrides: list
     sys.path.insert(0, REPO)
     from bench.ppo_step import run_main_ppo
 
+    return run_main_ppo(ours_command(out, steps, quick, max_prompt, overrides), os.path.join(out, "ours.jsonl"), out)
+
+
+def planned_gib(out: str, quick: bool, max_prompt: int, overrides: list[str], device_gib: float | None) -> float:
+    """The peak ``python -m verl.trainer.plan`` predicts for this run (checkpointing resolved as the run does)."""
+    sys.path.insert(0, REPO)
+    from verl.trainer.config_validation import compose_ppo_config
+    from verl.trainer.plan import GIB, device_memory, plan_memory, resolve_gradient_checkpointing
+
+    config = compose_ppo_config(ours_command(out, 1, quick, max_prompt, overrides))
+    device = int(device_gib * GIB) if device_gib else device_memory(config)
+    resolve_gradient_checkpointing(config, log=lambda _: None, device_bytes=device)
+    return plan_memory(config, device).peak / GIB
+
+
+def ours_command(out: str, steps: int, quick: bool, max_prompt: int, overrides: list[str]) -> list[str]:
     micro = 4 if quick else MICRO
     gpu = not quick
-    command = [
+    return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={out}/train.parquet", f"data.train_batch_size={8 if quick else PROMPTS}",
         f"data.max_prompt_length={max_prompt}", f"data.max_response_length={16 if quick else COMPLETION}",
@@ -159,7 +175,6 @@ def run_ours(out: str, steps: int, quick: bool, max_prompt: int, overrides: list
         f"trainer.device={'cuda' if gpu else 'cpu'}", "trainer.experiment_name=peer_grpo",
         "trainer.resume_mode=disable", f"trainer.default_local_dir={out}/ckpt", *overrides,
     ]
-    return run_main_ppo(command, os.path.join(out, "ours.jsonl"), out)
 
 
 def main() -> None:
@@ -171,6 +186,9 @@ def main() -> None:
     parser.add_argument("--ours-override", action="append", default=[], help="an extra main_ppo override (all runs)")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME:key=value;key=value -- one run of ours per --variant (default: one run, 'ours')")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="print the memory estimate of each variant and stop (no GPU needed)")
+    parser.add_argument("--device-gib", type=float, help="with --plan-only: the GPU size to plan for (GiB)")
     parser.add_argument("--_trl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out = os.path.abspath(args.out)
@@ -191,6 +209,12 @@ def main() -> None:
     for spec in args.variant:
         name, _, overrides = spec.partition(":")
         variants[name] = [o for o in overrides.split(";") if o]
+    if args.plan_only:
+        for name, overrides in variants.items():
+            gib = planned_gib(args.out, args.quick, max(prepared["prompt_tokens"]), args.ours_override + overrides,
+                              args.device_gib)
+            print(f"{name:12} planned peak {gib:6.2f} GiB")
+        return
     for name, overrides in variants.items():
         steps = run_ours(args.out, args.steps, args.quick, max(prepared["prompt_tokens"]),
                          args.ours_override + overrides)[1:]
@@ -200,6 +224,8 @@ def main() -> None:
                          "peak_gib": max(s.get("perf/max_memory_allocated_gb", 0.0) for s in steps),
                          "mfu_actor": statistics.median(s.get("perf/mfu/actor", 0.0) for s in steps),
                          "stages": {k: statistics.median(s[k] for s in steps) for k in stages},
+                         "planned_gib": planned_gib(args.out, args.quick, max(prepared["prompt_tokens"]),
+                                                    args.ours_override + overrides, None),
                          "score_mean": steps[-1].get("critic/score/mean")}
     if not args.skip_trl:
         subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--steps", str(args.steps),
@@ -213,12 +239,13 @@ def main() -> None:
         json.dump(results, f, indent=1)
 
     print("\nmedian over steps 2..N")
-    print(f"{'':12} {'s/step':>8} {'tokens/s':>10} {'peak GiB':>9} {'vs TRL':>7}")
+    print(f"{'':12} {'s/step':>8} {'tokens/s':>10} {'peak GiB':>9} {'planned':>8} {'vs TRL':>7}")
     for name in ["trl", *variants]:
         if name in results:
             r = results[name]
             ratio = f"{results['trl']['seconds'] / r['seconds']:6.2f}x" if "trl" in results else ""
-            print(f"{name:12} {r['seconds']:8.2f} {r['tokens_per_s']:10.0f} {r['peak_gib']:9.2f} {ratio:>7}")
+            planned = f"{r['planned_gib']:8.2f}" if "planned_gib" in r else f"{'':8}"
+            print(f"{name:12} {r['seconds']:8.2f} {r['tokens_per_s']:10.0f} {r['peak_gib']:9.2f} {planned} {ratio:>7}")
     for name in variants:
         r = results[name]
         print(f"{name} ({' '.join(r['overrides']) or 'defaults'}): perf/mfu/actor {r['mfu_actor']:.3f}; stages (s): "

@@ -1,6 +1,16 @@
-"""A GRPO run on one GPU through the real CLI, once per rollout engine, to compare whole steps.
+"""Whole steps through the real CLI on one GPU: GRPO once per rollout engine, or the reference PPO shape.
 
     python3 bench/ppo_step.py --out /tmp/ppo_step [--engines native hf] [--steps 3]
+    python3 bench/ppo_step.py --out /tmp/ppo_ref --shape reference [--steps 3]
+
+``--shape reference`` is the original's GSM8K PPO quickstart at full size: GAE with a critic of the
+same shape, the reference policy with KL in the reward (kl_coef 0.001), 256 prompts per step (GSM8K
+questions, at most 512 prompt tokens), 256 response tokens (fixed length), mini-batch 64, the
+quickstart's micro-batch keys, a random Qwen2.5-0.5B-shaped model with the full 151,936-token
+vocabulary. It prints ``perf/throughput`` (tokens of prompts and responses per second per GPU, the
+original's definition) against the original's published single-GPU log for this shape (64.6 s per
+step, about 1.05k tokens/s/GPU; the original cannot run here, so that number is quoted, not measured).
+``--quick`` runs either shape tiny on the CPU to check the script.
 
 Builds the GSM8K sample with the real preprocessing script, a tokenizer trained on its prompts, and a
 random model of the Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, intermediate 4864; the
@@ -22,7 +32,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("gen", "old_log_prob", "ref", "adv", "update_actor", "step")
 
 
-def prepare(out: str) -> tuple[str, str]:
+ORIGINAL_REFERENCE = {"seconds_per_step": 64.6, "throughput": 1050.0}  # the original's published log (issue #9)
+
+
+def prepare(out: str, vocab_size: int | None = None, rows: int = 0, quick: bool = False) -> tuple[str, str]:
+    """GSM8K parquet (the fixture's questions repeated to ``rows`` rows when given), a tokenizer trained
+    on them and a random Qwen2.5-0.5B-shaped model (its vocabulary: the tokenizer's, or ``vocab_size``)."""
     import pandas as pd
 
     from verl.utils.tiny_model import build_tiny_causal_lm, build_tiny_tokenizer
@@ -30,10 +45,17 @@ def prepare(out: str) -> tuple[str, str]:
     data = os.path.join(out, "gsm8k")
     subprocess.run([sys.executable, os.path.join(REPO, "examples/data_preprocess/gsm8k.py"), "--local_dataset_path",
                     os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k"), "--local_dir", data], check=True)
-    prompts = [row[0]["content"] for row in pd.read_parquet(os.path.join(data, "train.parquet"))["prompt"]]
+    frame = pd.read_parquet(os.path.join(data, "train.parquet"))
+    if rows:
+        frame = pd.concat([frame] * -(-rows // len(frame)), ignore_index=True).iloc[:rows]
+        frame.to_parquet(os.path.join(data, "train.parquet"))
+    prompts = [row[0]["content"] for row in frame["prompt"]]
     tokenizer = build_tiny_tokenizer(os.path.join(out, "tokenizer"), corpus=prompts)
-    model = build_tiny_causal_lm(os.path.join(out, "model"), tokenizer, arch="qwen2", hidden_size=896, num_layers=24,
-                                 num_heads=14, num_kv_heads=2, intermediate_size=4864)
+    shape = ({"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128}
+             if quick else {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+                            "intermediate_size": 4864})
+    extra = {"vocab_size": vocab_size, "tie_word_embeddings": True} if vocab_size else {}
+    model = build_tiny_causal_lm(os.path.join(out, "model"), tokenizer, arch="qwen2", **shape, **extra)
     return data, model
 
 
@@ -67,14 +89,57 @@ def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) 
     return run_main_ppo(overrides, os.path.join(out, f"{engine}.jsonl"), out)
 
 
+def run_reference(out: str, steps: int, backend: str, quick: bool) -> None:
+    """The reference PPO shape (see the module docstring); prints ours beside the original's log."""
+    batch = 8 if quick else 256
+    data, model = prepare(out, vocab_size=None if quick else 151936, rows=batch * steps, quick=quick)
+    overrides = [
+        f"data.train_files={data}/train.parquet", f"data.train_batch_size={batch}",
+        "data.max_prompt_length=512", f"data.max_response_length={16 if quick else 256}",
+        "data.truncation=left", f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "critic.optim.lr=1e-5",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // 4}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "actor_rollout_ref.rollout.ignore_eos=True",
+        f"actor_rollout_ref.rollout.name={'hf' if quick else 'native'}",
+        "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.kl_coef=0.001",
+        "trainer.logger=['console','file']", "trainer.val_before_train=False", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", "trainer.n_gpus_per_node=1",
+        f"trainer.device={'cpu' if quick else 'cuda'}", "trainer.experiment_name=bench_reference",
+        "trainer.resume_mode=disable", f"trainer.backend={backend}",
+    ]
+    steps_metrics = run_main_ppo(overrides, os.path.join(out, "reference.jsonl"), out)[1:]  # step 1 warms up
+    mean = {key: sum(s[key] for s in steps_metrics) / len(steps_metrics)
+            for key in steps_metrics[0] if key.startswith(("timing_s/", "perf/"))}
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump({"ours": mean, "original_published": ORIGINAL_REFERENCE}, f, indent=1)
+    print("\nreference PPO shape, mean over steps 2..N")
+    print(f"{'':34}{'s/step':>10}{'tokens/s/GPU':>14}")
+    print(f"{'original (published log, quoted)':34}{ORIGINAL_REFERENCE['seconds_per_step']:10.2f}"
+          f"{ORIGINAL_REFERENCE['throughput']:14.0f}")
+    print(f"{'ours (measured)':34}{mean['timing_s/step']:10.2f}{mean['perf/throughput']:14.0f}   "
+          f"{mean['perf/throughput'] / ORIGINAL_REFERENCE['throughput']:.1f}x")
+    print("stages (s): " + ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in mean.items()
+                                     if k.startswith("timing_s/")))
+    print(f"peak GiB {mean.get('perf/max_memory_allocated_gb', 0.0):.2f}, "
+          f"mfu actor {mean.get('perf/mfu/actor', 0.0):.3f}, critic {mean.get('perf/mfu/critic', 0.0):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--engines", nargs="+", default=["native", "hf"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--backend", choices=["ray", "local"], default="ray")
+    parser.add_argument("--shape", choices=["grpo", "reference"], default="grpo")
+    parser.add_argument("--quick", action="store_true", help="with --shape reference: tiny, on the CPU")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.shape == "reference":
+        run_reference(args.out, args.steps, args.backend, args.quick)
+        return
     data, model = prepare(args.out)
     results = {}
     for engine in args.engines:

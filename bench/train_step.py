@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from bench.rollout import QUICK, QWEN25_05B
 from verl.models.loader import attention_implementation
 from verl.protocol import DataProto
+from verl.trainer.plan import GIB, shape_of_config, training_components
 from verl.utils.flops_counter import FlopsCounter
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.engine import FSDPEngine
@@ -132,6 +133,18 @@ def ours(config: Qwen2Config, data: DataProto, micro: int, steps: int, device, v
     return timed(lambda: actor.update_policy(data, temperature=1.0), steps, device)
 
 
+def planned_gib(shape, data: DataProto, micro: int, variant: str, device) -> float:
+    """The actor-update peak verl.trainer.plan predicts for this case: its largest micro-batch, packed
+    (real tokens) or padded (rows x width)."""
+    remove_padding, checkpointing, _, _, fsdp_overrides = VARIANTS[variant]
+    mask = data.batch["attention_mask"]
+    tokens = max(int(mask[i:i + micro].sum()) if remove_padding else mask[i:i + micro].numel()
+                 for i in range(0, len(data), micro))
+    parts = training_components(shape, tokens, checkpointing=checkpointing,
+                                compiled="compile" in fsdp_overrides and device.type == "cuda")
+    return sum(parts.values()) / GIB
+
+
 def profile(config: Qwen2Config, data: DataProto, micro: int, device, variant: str) -> None:
     """One warm-up update, then one under torch.profiler: the kernels that took the most device time."""
     from torch.profiler import ProfilerActivity
@@ -180,7 +193,9 @@ def main() -> None:
     counter = FlopsCounter(config, device_name=None if device.type == "cuda" else "cpu")
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "rows": rows, "micro": micros, "cases": {}}
-    print(f"{'workload':8} {'run':24} {'s/step':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'vs baseline':>12}")
+    shape = shape_of_config(config)
+    print(f"{'workload':8} {'run':24} {'s/step':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'planned':>8} "
+          f"{'vs baseline':>12}")
     if args.profile:
         table = profile(config, make_batch(rows, config.vocab_size, True, device, prompt, response), micros[0],
                         device, args.profile)
@@ -206,10 +221,12 @@ def main() -> None:
             achieved, promised = counter.estimate_flops(seqlens, seconds)
             mfu = achieved / promised if promised != float("inf") else 0.0
             base_seconds = base_seconds or seconds
+            planned = planned_gib(shape, data, micro, name, device) if name in VARIANTS else None
             results["cases"][f"{workload}/{name}"] = {"seconds": seconds, "tokens_per_s": tokens / seconds,
-                                                      "mfu": mfu, "peak_gib": peak, "tokens": tokens}
+                                                      "mfu": mfu, "peak_gib": peak, "tokens": tokens,
+                                                      "planned_gib": planned}
             print(f"{workload:8} {name:24} {seconds:8.3f} {tokens / seconds:10.0f} {mfu:6.1%} {peak:9.2f} "
-                  f"{base_seconds / seconds:11.2f}x", flush=True)
+                  f"{'' if planned is None else f'{planned:8.2f}':>8} {base_seconds / seconds:11.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

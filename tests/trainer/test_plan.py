@@ -15,7 +15,7 @@ def config(*overrides, path="/unused"):
         f"actor_rollout_ref.model.path={path}", "trainer.n_gpus_per_node=2", "data.train_batch_size=8",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "data.max_prompt_length=24", "data.max_response_length=8", "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64", *overrides])
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64", "trainer.device=cpu", *overrides])
 
 
 def test_actor_components_by_hand():
@@ -33,6 +33,10 @@ def test_actor_components_by_hand():
     plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=false"), None,
                        shapes={"actor": SHAPE})
     assert plan.components["actor"]["activations (64 tokens, no ckpt)"] == 64 * 4 * 2 * 184
+    # Compiled layers on CUDA (use_torch_compile, the default there): 2 x (7h + 4kv + 3I) = 2 x (56 + 16 + 48).
+    plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=false", "trainer.device=cuda"),
+                       None, shapes={"actor": SHAPE})
+    assert plan.components["actor"]["activations (64 tokens, no ckpt, compiled)"] == 64 * 4 * 2 * 120
     # Rows instead of tokens: micro-batch 3 rows of up to 24 + 8 tokens.
     plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=true",
                               "actor_rollout_ref.actor.use_dynamic_bsz=false",
@@ -41,7 +45,8 @@ def test_actor_components_by_hand():
 
 
 def test_phases_reference_rollout_and_fit():
-    overrides = ("actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.actor.use_kl_loss=true")
+    overrides = ("actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                 "actor_rollout_ref.actor.use_kl_loss=true")
     plan = plan_memory(config(*overrides), None, shapes={"actor": SHAPE})
     resident = 2000 + 4000 + 2 * 1000 // 2  # actor master + moments, reference bf16 weights
     # 8 rows per GPU (8 prompts x 2 / 2 GPUs): 8 slots x 2 (k, v) x 4 layers x kv 4 x 32 tokens x 2 bytes

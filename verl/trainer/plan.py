@@ -13,9 +13,10 @@ The activation model is per token and per decoder layer (bf16, packed varlen att
 tensors autograd keeps in a Llama/Qwen2-style layer: two RMSNorms (fp32 input and bf16 output, 3h
 each), q/k/v and the rotary copies, the attention output and o_proj input (13h + 4·kv in all, kv
 heads counted as repeated once for the kernel), and the MLP's gate, up, SiLU and product (4·I):
-``2·(13h + 4kv + 4I)`` bytes. With checkpointing a layer keeps only its input (2h bytes) and the
-forward holds one layer's MLP intermediates at a time (3·I). Checked against the measured peaks of
-``bench/train_step.py`` and ``bench/peer_grpo.py`` (docs/benchmarks.md).
+``2·(13h + 4kv + 4I)`` bytes. Compiled layers (``use_torch_compile`` on CUDA) recompute the cheap
+elementwise results in backward and keep about ``2·(7h + 4kv + 3I)``. With checkpointing a layer
+keeps only its input (2h bytes) and the forward holds one layer's MLP intermediates at a time (3·I).
+Checked against the measured peaks of ``bench/train_step.py`` and ``bench/peer_grpo.py`` (docs/benchmarks.md).
 
 Not modelled: parameter/optimizer offload (reported as not resident), sequence parallelism, LoRA,
 multi-turn rollouts, fragmentation of the caching allocator.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 GIB = 2 ** 30
 LOGPROB_CHUNK = 1024  # rows of logits alive at once (verl.models.logprob)
+COMPUTE_BYTES = 2  # bf16 compute copies (fsdp_config.mixed_precision.param_dtype's default)
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 
@@ -48,11 +50,13 @@ class ModelShape:
         """Parameters outside the decoder layers (embeddings, final norm, untied lm_head)."""
         return self.params - self.layers * self.layer_params
 
-    def activation_bytes(self, tokens: int, checkpointing: bool) -> int:
+    def activation_bytes(self, tokens: int, checkpointing: bool, compiled: bool = False) -> int:
         """Autograd-saved activations of the decoder stack for ``tokens`` packed tokens (see module doc)."""
         h, i, kv = self.hidden, self.intermediate, self.kv_dim
         if checkpointing:
             return tokens * (self.layers * 2 * h + 2 * 3 * i)
+        if compiled:  # the fused layer recomputes norms and SwiGLU products instead of keeping them
+            return tokens * self.layers * 2 * (7 * h + 4 * kv + 3 * i)
         return tokens * self.layers * 2 * (13 * h + 4 * kv + 4 * i)
 
     def forward_bytes(self, tokens: int) -> int:
@@ -60,23 +64,48 @@ class ModelShape:
         return tokens * 2 * (3 * self.intermediate + 4 * self.hidden)
 
 
+def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, compiled: bool = False,
+                        logits: bool = True, n_gpus: int = 1, master_bytes: int = 4,
+                        optimizer_on_gpu: bool = True) -> dict[str, int]:
+    """Per-GPU bytes of a model trained with FSDP2 + AdamW at a micro-batch of ``tokens`` packed tokens."""
+    compute = COMPUTE_BYTES
+    label = f"activations ({tokens} tokens, {'ckpt' if checkpointing else 'no ckpt'}{', compiled' * compiled})"
+    parts = {
+        "weights (sharded master)": shape.params * master_bytes // n_gpus,
+        "gradients (sharded)": shape.params * master_bytes // n_gpus,
+        "optimizer (AdamW moments)": 2 * 4 * shape.params // n_gpus if optimizer_on_gpu else 0,
+        "unsharded bf16 (root + 2 layers)": compute * (shape.root_params + 2 * shape.layer_params),
+        label: shape.activation_bytes(tokens, checkpointing, compiled),
+    }
+    if logits:
+        parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * compute
+    return parts
+
+
 def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, override_config=None,
                 value_head: bool = False) -> ModelShape:
     """Counts the parameters of the model at ``path`` on the meta device (nothing is allocated)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from verl.models.loader import load_hf_config
 
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key=config_key)
+    return shape_of_config(config, trust_remote_code=trust_remote_code, value_head=value_head,
+                           where=f"{config_key}={path!r}")
+
+
+def shape_of_config(config, *, trust_remote_code: bool = False, value_head: bool = False,
+                    where: str = "the model") -> ModelShape:
+    """:class:`ModelShape` of a transformers config, its parameters counted on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     params = sum(p.numel() for p in model.parameters())
     layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
     if not layers:
-        raise ValueError(f"{config_key}={path!r}: no decoder layer list found in {type(model).__name__}")
+        raise ValueError(f"{where}: no decoder layer list found in {type(model).__name__}")
     layer_params = sum(p.numel() for p in layers[0].parameters())
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -152,28 +181,21 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     actor = shapes["actor"]
     n_gpus = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
     n = int(_get(config, f"{ar}.rollout.n", 1))
-    prompt, response = int(_get(config, "data.max_prompt_length", 512)), int(_get(config, "data.max_response_length", 512))
-    max_len = prompt + response
+    max_len = int(_get(config, "data.max_prompt_length", 512)) + int(_get(config, "data.max_response_length", 512))
     rows = int(_get(config, "data.train_batch_size")) * n // n_gpus
     mini_rows = int(_get(config, f"{ar}.actor.ppo_mini_batch_size")) * n // n_gpus
     plan = Plan(device_bytes=device_bytes)
-    compute = 2  # bf16 compute copies (fsdp_config.mixed_precision.param_dtype's default)
+    on_cuda = str(_get(config, "trainer.device", "cuda")) == "cuda"
+    compute = COMPUTE_BYTES
     master = _DTYPE_BYTES.get(str(_get(config, f"{ar}.actor.fsdp_config.model_dtype", "fp32")), 4)
 
     def trained(shape: ModelShape, section: str, model_section: str, logits: bool, tokens: int, why: str):
-        ckpt = bool(_get(config, f"{model_section}.enable_gradient_checkpointing", True))
         opt_offload = bool(_get(config, f"{section}.fsdp_config.optimizer_offload", False))
-        parts = {
-            "weights (sharded master)": shape.params * master // n_gpus,
-            "gradients (sharded)": shape.params * master // n_gpus,
-            "optimizer (AdamW moments)": 0 if opt_offload else 2 * 4 * shape.params // n_gpus,
-            "unsharded bf16 (root + 2 layers)": compute * (shape.root_params + 2 * shape.layer_params),
-            f"activations ({tokens} tokens, {'ckpt' if ckpt else 'no ckpt'})": shape.activation_bytes(tokens, ckpt),
-        }
-        if logits:
-            parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * compute
         plan.notes.append(f"{section} micro-batch: {why}" + ("; optimizer offloaded to CPU" if opt_offload else ""))
-        return parts
+        return training_components(
+            shape, tokens, checkpointing=bool(_get(config, f"{model_section}.enable_gradient_checkpointing", True)),
+            compiled=bool(_get(config, f"{section}.use_torch_compile", False)) and on_cuda, logits=logits,
+            n_gpus=n_gpus, master_bytes=master, optimizer_on_gpu=not opt_offload)
 
     remove_padding = bool(_get(config, f"{ar}.model.use_remove_padding", False))
     tokens, why = _micro_tokens(config, f"{ar}.actor", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
@@ -182,7 +204,8 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     resident = {"actor": sum(v for k, v in plan.components["actor"].items()
                              if k.startswith(("weights", "optimizer")))}
 
-    uses_ref = bool(_get(config, f"{ar}.actor.use_kl_loss", False)) or bool(_get(config, "algorithm.use_kl_in_reward", False))
+    uses_ref = bool(_get(config, f"{ar}.actor.use_kl_loss", False)) or bool(
+        _get(config, "algorithm.use_kl_in_reward", False))
     if uses_ref:
         lp_tokens, _ = _micro_tokens(config, f"{ar}.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
                                      "log_prob_micro_batch_size", remove_padding, max_len, rows)
@@ -197,15 +220,16 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
 
     if _uses_critic(config):
         if "critic" not in shapes:
-            shapes["critic"] = model_shape(_get(config, "critic.model.path"), config_key="critic.model.path",
-                                           trust_remote_code=bool(_get(config, "critic.model.trust_remote_code", False)),
-                                           value_head=True)
+            shapes["critic"] = model_shape(
+                _get(config, "critic.model.path"), config_key="critic.model.path", value_head=True,
+                trust_remote_code=bool(_get(config, "critic.model.trust_remote_code", False)))
         critic_rp = bool(_get(config, "critic.model.use_remove_padding", False))
         c_mini = int(_get(config, "critic.ppo_mini_batch_size") or _get(config, f"{ar}.actor.ppo_mini_batch_size")) * n
         c_tokens, c_why = _micro_tokens(config, "critic", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
                                         "ppo_micro_batch_size", critic_rp, max_len, c_mini // n_gpus)
         plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", False, c_tokens, c_why)
-        resident["critic"] = sum(v for k, v in plan.components["critic"].items() if k.startswith(("weights", "optimizer")))
+        resident["critic"] = sum(v for k, v in plan.components["critic"].items()
+                                 if k.startswith(("weights", "optimizer")))
 
     # Generation: the actor's full bf16 weights (gathered), the KV cache and the sampler's logits.
     max_seqs = int(_get(config, f"{ar}.rollout.max_num_seqs", 1024))
@@ -263,16 +287,17 @@ def device_memory(config) -> int | None:
     return torch.cuda.get_device_properties(0).total_memory
 
 
-def resolve_gradient_checkpointing(config, log=print) -> None:
+def resolve_gradient_checkpointing(config, log=print, device_bytes: int | None = None) -> None:
     """Fill ``enable_gradient_checkpointing`` left unset (null) for the actor and critic: off when the
     step is estimated to fit in 80% of the GPU without it (faster: no recomputation), else on; on when
-    the device size is unknown (CPU runs, a driver without a GPU)."""
+    the device size is unknown (CPU runs, a driver without a GPU). ``device_bytes`` overrides the
+    size of the GPU this process sees."""
     sections = ["actor_rollout_ref.model"] + (["critic.model"] if _uses_critic(config) else [])
     unset = [s for s in sections
              if _get(config, s) is not None and _get(config, f"{s}.enable_gradient_checkpointing") is None]
     if not unset:
         return
-    device = device_memory(config)
+    device = device_bytes if device_bytes is not None else device_memory(config)
     choice = True
     if device is not None:
         try:

@@ -2,9 +2,9 @@
 
 Two users. Token-budget micro-batches (``use_dynamic_bsz``): :func:`token_budget_partitions` cuts a
 rank's rows into as few micro-batches under the budget as it can, with similar token sums. And
-``trainer.balance_batch``, which spreads sequences over data-parallel ranks: the driver partitions the batch's sequence lengths into as many
-equal-count groups as the actor has data-parallel ranks, then reorders the batch so that rank r's
-contiguous chunk holds group r::
+``trainer.balance_batch``, which spreads sequences over data-parallel ranks: the driver partitions
+the batch's sequence lengths into as many equal-count groups as the actor has data-parallel ranks,
+then reorders the batch so that rank r's contiguous chunk holds group r::
 
     seqlens = batch.batch["attention_mask"].sum(-1).tolist()
     partitions = balance_batch_partitions(seqlens, k=dp_size)

@@ -135,5 +135,6 @@ def compute_rm_scores(module, data: DataProto, *, micro_batch_size: int | None, 
     else:
         inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=[])
     scores = map_micro_batches(inputs, micro_batch_size, max_token_len, lambda m: sequence_scores(
-        module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"], remove_padding=remove_padding))
+        module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"],
+        remove_padding=remove_padding))
     return place_scores(scores, response_mask)

@@ -165,3 +165,13 @@ def _two_rank_gathered(rank, model_dir):
 
 def test_two_ranks_gathered_params_allow_uneven_forwards(tiny_qwen2_dir, tmp_path):
     run_ranks(_two_rank_gathered, 2, tmp_path, tiny_qwen2_dir, timeout=90)
+
+
+def test_compiled_layers_stay_eager_when_called_with_a_kv_cache(monkeypatch):
+    """use_torch_compile compiles training/log-prob forwards; generate's cached calls stay eager."""
+    from verl.workers.engine import fsdp as fsdp_module
+
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic: lambda *a, **k: ("compiled", fn(*a, **k)))
+    forward = fsdp_module._compiled_unless_cached(lambda x, cache=None, past_key_values=None: x)
+    assert forward(1) == ("compiled", 1) and forward(1, cache=None) == ("compiled", 1)
+    assert forward(1, cache=object()) == 1 and forward(1, past_key_values=object()) == 1

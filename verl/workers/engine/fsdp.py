@@ -19,6 +19,7 @@ Typical use from a worker (the process group is already initialised)::
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections import defaultdict
@@ -81,8 +82,21 @@ def compile_decoder_layers(model: torch.nn.Module) -> bool:
     # falling back to eager.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(layers), 64)
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+        layer.forward = _compiled_unless_cached(layer.forward)
     return bool(layers)
+
+
+def _compiled_unless_cached(eager):
+    """``eager`` compiled, except for calls with a KV cache (transformers ``generate``, the hf rollout),
+    whose cache objects change every step: those stay eager."""
+    compiled = torch.compile(eager, dynamic=True)
+
+    @functools.wraps(eager)
+    def forward(*args, **kwargs):
+        cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None  # the name by version
+        return eager(*args, **kwargs) if cached else compiled(*args, **kwargs)
+
+    return forward
 
 
 def shard_model(model: torch.nn.Module, mesh, *, mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool,
