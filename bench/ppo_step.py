@@ -6,7 +6,8 @@
 ``--shape reference`` is the original's GSM8K PPO quickstart at full size: GAE with a critic of the
 same shape, the reference policy with KL in the reward (kl_coef 0.001), 256 prompts per step (GSM8K
 questions, at most 512 prompt tokens), 256 response tokens (fixed length), mini-batch 64, the
-quickstart's micro-batch keys, a random Qwen2.5-0.5B-shaped model with the full 151,936-token
+quickstart's micro-batch keys (as for a user typing the quickstart, packed forwards then size the
+micro-batches by tokens instead), a random Qwen2.5-0.5B-shaped model with the full 151,936-token
 vocabulary. It prints ``perf/throughput`` (tokens of prompts and responses per second per GPU, the
 original's definition) against the original's published single-GPU log for this shape (64.6 s per
 step, about 1.05k tokens/s/GPU; the original cannot run here, so that number is quoted, not measured).

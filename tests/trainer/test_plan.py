@@ -60,6 +60,19 @@ def test_phases_reference_rollout_and_fit():
     assert plan_memory(config(*overrides), plan.peak, shapes={"actor": SHAPE}).fits is True
 
 
+def test_critic_reads_its_own_fsdp_keys_and_a_full_device_leaves_no_cache():
+    base = ("algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+            "critic.model.enable_gradient_checkpointing=true")
+    plan = plan_memory(config(*base), None, shapes={"actor": SHAPE, "critic": SHAPE})
+    assert plan.components["critic"]["optimizer (AdamW moments)"] == 4000
+    assert "log-prob chunk logits + grad" not in plan.components["critic"]
+    plan = plan_memory(config(*base, "critic.model.fsdp_config.optimizer_offload=true"), 100,
+                       shapes={"actor": SHAPE, "critic": SHAPE})
+    assert plan.components["critic"]["optimizer (AdamW moments)"] == 0
+    assert plan.components["rollout"]["KV cache (8 sequences x 32 tokens)"] == 0  # resident > device: no room
+    assert "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true" in plan.advice
+
+
 def test_unset_checkpointing_is_chosen_by_the_estimate(monkeypatch, tiny_qwen2_dir):
     messages = []
     cfg = config(path=tiny_qwen2_dir)

@@ -81,7 +81,6 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
 
 
 @functools.cache
-@functools.cache
 def _varlen():
     """PyTorch's varlen flash attention and how to ask it for causal masking (the keyword changed
     between releases), or None where this torch has none."""

@@ -26,12 +26,10 @@ def _dataset(files, tokenizer, data_config, max_samples: int, shuffle: bool):
 def run_ppo(config) -> dict:
     """Run a validated config to the end; returns the last step's metrics."""
     from verl.models import load_tokenizer
-    from verl.trainer.plan import resolve_gradient_checkpointing
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
 
     configure_logging()
-    resolve_gradient_checkpointing(config)  # unset: off when the memory estimate says the step fits
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model.get("tokenizer_path") or model.path, trust_remote_code=model.trust_remote_code,
                                chat_template=model.get("custom_chat_template"))

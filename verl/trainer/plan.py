@@ -18,8 +18,8 @@ elementwise results in backward and keep about ``2·(7h + 4kv + 3I)``. With chec
 keeps only its input (2h bytes) and the forward holds one layer's MLP intermediates at a time (3·I).
 Checked against the measured peaks of ``bench/train_step.py`` and ``bench/peer_grpo.py`` (docs/benchmarks.md).
 
-Not modelled: parameter/optimizer offload (reported as not resident), sequence parallelism, LoRA,
-multi-turn rollouts, fragmentation of the caching allocator.
+Not modelled: parameter offload (optimizer offload is: its state is then not on the GPU), sequence
+parallelism, LoRA, multi-turn rollouts, fragmentation of the caching allocator.
 """
 
 from __future__ import annotations
@@ -103,7 +103,10 @@ def shape_of_config(config, *, trust_remote_code: bool = False, value_head: bool
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     params = sum(p.numel() for p in model.parameters())
-    layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
     if not layers:
         raise ValueError(f"{where}: no decoder layer list found in {type(model).__name__}")
     layer_params = sum(p.numel() for p in layers[0].parameters())
@@ -158,14 +161,17 @@ def _get(config, key, default=None):
 
 
 def _micro_tokens(config, section: str, dynamic_key: str, token_key: str, rows_key: str, remove_padding: bool,
-                  max_len: int, per_rank_rows: int) -> tuple[int, str]:
+                  max_len: int, per_rank_rows: int, n_gpus: int = 1) -> tuple[int, str]:
     """Tokens of the largest micro-batch of a phase and how that was decided."""
     from verl.utils.config import uses_token_budget
 
     if uses_token_budget(_get(config, f"{section}.{dynamic_key}"), remove_padding):
         budget = int(_get(config, f"{section}.{token_key}"))
         return max(budget, max_len), f"{section}.{token_key}={budget}"
-    rows = _get(config, f"{section}.{rows_key}_per_gpu") or per_rank_rows
+    rows = _get(config, f"{section}.{rows_key}_per_gpu")
+    if rows is None and _get(config, f"{section}.{rows_key}") is not None:  # the deprecated global key
+        rows = max(int(_get(config, f"{section}.{rows_key}")) // n_gpus, 1)
+    rows = rows or per_rank_rows
     return min(int(rows), per_rank_rows) * max_len, f"{section}.{rows_key}_per_gpu={rows} x {max_len} tokens"
 
 
@@ -187,20 +193,21 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     plan = Plan(device_bytes=device_bytes)
     on_cuda = str(_get(config, "trainer.device", "cuda")) == "cuda"
     compute = COMPUTE_BYTES
-    master = _DTYPE_BYTES.get(str(_get(config, f"{ar}.actor.fsdp_config.model_dtype", "fp32")), 4)
 
-    def trained(shape: ModelShape, section: str, model_section: str, logits: bool, tokens: int, why: str):
-        opt_offload = bool(_get(config, f"{section}.fsdp_config.optimizer_offload", False))
+    def trained(shape: ModelShape, section: str, model_section: str, fsdp: str, logits: bool, tokens: int, why: str):
+        opt_offload = bool(_get(config, f"{fsdp}.optimizer_offload", False))
         plan.notes.append(f"{section} micro-batch: {why}" + ("; optimizer offloaded to CPU" if opt_offload else ""))
         return training_components(
             shape, tokens, checkpointing=bool(_get(config, f"{model_section}.enable_gradient_checkpointing", True)),
             compiled=bool(_get(config, f"{section}.use_torch_compile", False)) and on_cuda, logits=logits,
-            n_gpus=n_gpus, master_bytes=master, optimizer_on_gpu=not opt_offload)
+            n_gpus=n_gpus, master_bytes=_DTYPE_BYTES.get(str(_get(config, f"{fsdp}.model_dtype", "fp32")), 4),
+            optimizer_on_gpu=not opt_offload)
 
     remove_padding = bool(_get(config, f"{ar}.model.use_remove_padding", False))
     tokens, why = _micro_tokens(config, f"{ar}.actor", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
-                                "ppo_micro_batch_size", remove_padding, max_len, mini_rows)
-    plan.components["actor"] = trained(actor, f"{ar}.actor", f"{ar}.model", True, tokens, why)
+                                "ppo_micro_batch_size", remove_padding, max_len, mini_rows, n_gpus)
+    plan.components["actor"] = trained(actor, f"{ar}.actor", f"{ar}.model", f"{ar}.actor.fsdp_config", True,
+                                       tokens, why)
     resident = {"actor": sum(v for k, v in plan.components["actor"].items()
                              if k.startswith(("weights", "optimizer")))}
 
@@ -208,7 +215,7 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
         _get(config, "algorithm.use_kl_in_reward", False))
     if uses_ref:
         lp_tokens, _ = _micro_tokens(config, f"{ar}.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                                     "log_prob_micro_batch_size", remove_padding, max_len, rows)
+                                     "log_prob_micro_batch_size", remove_padding, max_len, rows, n_gpus)
         offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False))
         plan.components["reference"] = {
             "weights (bf16, sharded)": 0 if offload else compute * actor.params // n_gpus,
@@ -226,8 +233,10 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
         critic_rp = bool(_get(config, "critic.model.use_remove_padding", False))
         c_mini = int(_get(config, "critic.ppo_mini_batch_size") or _get(config, f"{ar}.actor.ppo_mini_batch_size")) * n
         c_tokens, c_why = _micro_tokens(config, "critic", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
-                                        "ppo_micro_batch_size", critic_rp, max_len, c_mini // n_gpus)
-        plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", False, c_tokens, c_why)
+                                        "ppo_micro_batch_size", critic_rp, max_len, c_mini // n_gpus,
+                                        n_gpus)
+        plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", "critic.model.fsdp_config",
+                                            False, c_tokens, c_why)
         resident["critic"] = sum(v for k, v in plan.components["critic"].items()
                                  if k.startswith(("weights", "optimizer")))
 
@@ -240,7 +249,7 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
                f"KV cache ({slots} sequences x {max_len} tokens)": kv,
                "sampling logits (fp32)": 4 * slots * actor.vocab * 4}
     if device_bytes is not None:
-        free = device_bytes - sum(resident.values())
+        free = max(0, device_bytes - sum(resident.values()))
         if kv > util * free:
             rollout[f"KV cache ({slots} sequences x {max_len} tokens)"] = int(util * free)
             plan.notes.append(f"the KV cache is capped at rollout.gpu_memory_utilization={util} of the free memory; "
@@ -257,15 +266,16 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
             plan.phases[f"{role} update"] = base - resident[role] + sum(plan.components[role].values())
 
     if plan.fits is False:
-        for role, model_section in (("actor", f"{ar}.model"), ("critic", "critic.model")):
+        for role, model_section, fsdp in (("actor", f"{ar}.model", f"{ar}.actor.fsdp_config"),
+                                          ("critic", "critic.model", "critic.model.fsdp_config")):
             if role in plan.components and f"{role} update" in plan.phases and \
                     plan.phases[f"{role} update"] > device_bytes:
                 section = f"{ar}.actor" if role == "actor" else "critic"
                 if not _get(config, f"{model_section}.enable_gradient_checkpointing", True):
                     plan.advice.append(f"{model_section}.enable_gradient_checkpointing=true")
                 plan.advice.append(f"a smaller {section}.ppo_max_token_len_per_gpu (or micro batch)")
-                if not _get(config, f"{section}.fsdp_config.optimizer_offload", False):
-                    plan.advice.append(f"{section}.fsdp_config.optimizer_offload=true")
+                if not _get(config, f"{fsdp}.optimizer_offload", False):
+                    plan.advice.append(f"{fsdp}.optimizer_offload=true")
         if plan.phases["generation"] > device_bytes:
             plan.advice.append(f"a smaller {ar}.rollout.max_num_seqs or gpu_memory_utilization")
         plan.advice.append("more GPUs (trainer.n_gpus_per_node / trainer.nnodes): weights, gradients and optimizer "
@@ -302,8 +312,8 @@ def resolve_gradient_checkpointing(config, log=print, device_bytes: int | None =
     if device is not None:
         try:
             choice = plan_memory(_with_checkpointing(config, unset, False), device).peak > 0.8 * device
-        except (OSError, ValueError) as err:  # the config check reports a bad model path itself
-            log(f"[plan] could not estimate memory ({err}); gradient checkpointing stays on")
+        except Exception as err:  # noqa: BLE001 -- an estimate that fails must not stop the run
+            log(f"[plan] could not estimate memory ({type(err).__name__}: {err}); gradient checkpointing stays on")
     _set_checkpointing(config, unset, choice)
     where = "no GPU visible to estimate with" if device is None else f"estimated peak vs {device / GIB:.0f} GiB"
     log(f"[plan] {', '.join(s + '.enable_gradient_checkpointing' for s in unset)} unset: "

@@ -79,26 +79,55 @@ def karmarkar_karp(seqlens: Sequence[int], k: int, *, equal_size: bool) -> list[
 
 def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, min_parts: int = 1) -> list[list[int]]:
     """Micro-batches of at most ``max_token_len`` tokens each (a sequence longer than the budget gets
-    one of its own), as few as possible starting from the lower bound (or ``min_parts``), with
-    balanced token sums (:func:`karmarkar_karp`). Returns index lists, ordered by their first index;
-    every index appears once. ``min_parts`` lets data-parallel ranks agree on one count."""
+    one of its own), with balanced token sums, and at least ``min_parts`` of them (so that data-parallel
+    ranks can agree on one count). Returns index lists ordered by their first index; every index once.
+
+    Method: first-fit decreasing gives a count that surely fits; :func:`karmarkar_karp` then tries to
+    balance the rows over fewer parts (from the lower bound: the tokens over the budget, and one part
+    per row longer than half of it), keeping the first try that fits. When none does, the first-fit
+    parts are kept, their heaviest halved until there are ``min_parts``.
+    """
     n = len(seqlens)
     if max_token_len <= 0:
         raise ValueError(f"max_token_len must be positive, got {max_token_len}")
     if n == 0:
         return []
-    long_rows = sum(1 for length in seqlens if length > max_token_len)  # each needs a part of its own
-    fitting = sum(length for length in seqlens if length <= max_token_len)
-    k = min(max(min_parts, long_rows + -(-fitting // max_token_len), 1), n)
-    while True:
-        parts = [p for p in karmarkar_karp(seqlens, k, equal_size=False) if p]
-        while len(parts) < k:  # an empty group: halve the heaviest part so that there are exactly k
-            heaviest = max((p for p in parts if len(p) > 1), key=lambda p: sum(seqlens[i] for i in p))
-            parts.remove(heaviest)
-            parts += [heaviest[:len(heaviest) // 2], heaviest[len(heaviest) // 2:]]
-        if k == n or all(len(p) == 1 or sum(seqlens[i] for i in p) <= max_token_len for p in parts):
+    fitting = [length for length in seqlens if length <= max_token_len]
+    lower = (n - len(fitting)) + max(-(-sum(fitting) // max_token_len),
+                                     sum(1 for length in fitting if 2 * length > max_token_len))
+    first_fit = _first_fit_decreasing(seqlens, max_token_len)
+    start = min(max(min_parts, lower, 1), n)
+    for k in range(start, max(start + 1, min(start + 3, len(first_fit)))):  # a few balanced tries
+        if k == n:
+            return [[i] for i in range(n)]
+        parts = _exactly(karmarkar_karp(seqlens, k, equal_size=False), k, seqlens)
+        if all(len(p) == 1 or sum(seqlens[i] for i in p) <= max_token_len for p in parts):
             return sorted(parts, key=lambda p: p[0])
-        k += 1
+    return sorted(_exactly(first_fit, max(min_parts, len(first_fit)), seqlens), key=lambda p: p[0])
+
+
+def _first_fit_decreasing(seqlens: Sequence[int], budget: int) -> list[list[int]]:
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(seqlens)), key=lambda i: (-seqlens[i], i)):
+        target = next((b for b, load in enumerate(loads) if load + seqlens[i] <= budget), None)
+        if target is None:
+            bins.append([i])
+            loads.append(seqlens[i])
+        else:
+            bins[target].append(i)
+            loads[target] += seqlens[i]
+    return [sorted(b) for b in bins]
+
+
+def _exactly(parts: list[list[int]], k: int, seqlens: Sequence[int]) -> list[list[int]]:
+    """``parts`` without empty ones, the heaviest multi-row part halved until there are ``k``."""
+    parts = [p for p in parts if p]
+    while len(parts) < k:
+        heaviest = max((p for p in parts if len(p) > 1), key=lambda p: sum(seqlens[i] for i in p))
+        parts.remove(heaviest)
+        parts += [heaviest[:len(heaviest) // 2], heaviest[len(heaviest) // 2:]]
+    return parts
 
 
 def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]],

@@ -53,6 +53,9 @@ def micro_batch_rows(data: DataProto, micro_batch_size: int | None = None,
             parts = token_budget_partitions(lengths, max_token_len, min_parts=count)
         agreed = _max_over_ranks(len(parts))
         if agreed == count:
+            if len(parts) < count:  # fewer rows here than micro-batches elsewhere: the collectives would hang
+                raise RuntimeError(f"this rank has {len(lengths)} rows but the ranks agreed on {count} micro-batches; "
+                                   "every rank must receive the same number of rows")
             return parts
         count = agreed
 

@@ -82,6 +82,13 @@ def micro_batching(section, where: str, name: str, world_size: int, *, dynamic_k
     return per_gpu, None
 
 
+def _checkpointing(model_config) -> bool:
+    """``enable_gradient_checkpointing``; unset (null) means on here: the trainer fills it in from the
+    memory estimate (verl.trainer.plan) before the workers start, other callers get the safe choice."""
+    value = config_get(model_config, "enable_gradient_checkpointing")
+    return True if value is None else bool(value)
+
+
 def _fsdp_config_with_dtype(fsdp_config, dtype) -> dict:
     """The engine's keys of ``fsdp_config``, with compute ``dtype`` filled in when it names none."""
     merged = {k: config_get(fsdp_config, k) for k in _ENGINE_FSDP_KEYS if config_get(fsdp_config, k) is not None}
@@ -184,8 +191,7 @@ class ActorRolloutRefWorker(_RoleWorker):
             self.actor_engine = FSDPEngine(
                 model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
                 grad_clip=config_get(actor, "grad_clip", 1.0), device=self.device,
-                enable_gradient_checkpointing=self._is_actor and bool(
-                    config_get(model_config, "enable_gradient_checkpointing", False)),
+                enable_gradient_checkpointing=self._is_actor and _checkpointing(model_config),
                 compile_layers=bool(config_get(actor, "use_torch_compile", False)))
         if self._is_actor:
             where = "actor_rollout_ref.actor"
@@ -313,7 +319,7 @@ class CriticWorker(_RoleWorker):
                                  override_config=config_get(model_config, "override_config"))
         self.engine = FSDPEngine(
             model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config_get(config, "grad_clip", 1.0),
-            enable_gradient_checkpointing=bool(config_get(model_config, "enable_gradient_checkpointing", False)),
+            enable_gradient_checkpointing=_checkpointing(model_config),
             device=self.device)
         micro, budget = micro_batching(config, "critic", "ppo_micro_batch_size", self.world_size,
                                        dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu",

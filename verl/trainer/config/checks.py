@@ -72,6 +72,8 @@ NULL_DEFAULT_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("data.train_files", (str, list)),
     ("data.val_files", (str, list)),
     ("critic.enable", (bool,)),
+    ("*use_dynamic_bsz", (bool,)),
+    ("*enable_gradient_checkpointing", (bool,)),
     ("*loss_scale_factor", (float,)),
     ("*path", (str,)),
     ("*_dir", (str,)),
@@ -483,14 +485,17 @@ def _micro_batch_roles(run: Run) -> list[tuple[str, str, str]]:
 
 def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
     """Exactly one of ``<x>_micro_batch_size`` (deprecated, global) and ``<x>_micro_batch_size_per_gpu``."""
+    unused = []
     for section, name, dynamic_key in _micro_batch_roles(run):
         global_key, gpu_key = f"{section}.{name}", f"{section}.{name}_per_gpu"
         global_value, gpu_value = run.get(global_key), run.get(gpu_key)
+        if _by_tokens(run, section, dynamic_key):  # sized by the token budget; the row counts are not used
+            if run.get(dynamic_key) is None:
+                unused += [k for k, v in ((global_key, global_value), (gpu_key, gpu_value)) if v is not None]
+            continue
         if global_value is not None and gpu_value is not None:
             yield error(global_key, f"is set together with {gpu_key}; set only one. "
                                     f"Remove {global_key} (deprecated) and keep {gpu_key}")
-        elif _by_tokens(run, section, dynamic_key):
-            continue  # sized by the token budget; the row counts are not used
         elif global_value is None and gpu_value is None:
             yield error(gpu_key, f"is not set. Set {gpu_key}=<sequences per device per forward pass>, e.g. 4, "
                                  f"or {dynamic_key}=true to size micro batches by tokens")
@@ -498,6 +503,11 @@ def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
             per_gpu = global_value // run.n_devices if _positive_int(global_value) and run.n_devices else "N"
             yield warn(global_key, f"is deprecated. Use {gpu_key}={per_gpu} "
                                    "(the global value divided by the number of devices)")
+    if unused:
+        others = f" (nor {', '.join(unused[1:])})" if unused[1:] else ""
+        yield warn(unused[0], f"is not used{others}: with packed forwards (use_remove_padding) and use_dynamic_bsz "
+                              "unset, micro batches are sized by tokens (*max_token_len_per_gpu); same gradients, "
+                              "fewer and larger passes. Set use_dynamic_bsz=false in that section to size them by rows")
     if run.uses_critic and not _by_tokens(run, "critic", "critic.use_dynamic_bsz"):
         global_key, gpu_key = "critic.forward_micro_batch_size", "critic.forward_micro_batch_size_per_gpu"
         if run.get(global_key) is not None and run.get(gpu_key) is not None:

@@ -24,6 +24,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto
+from verl.trainer.plan import resolve_gradient_checkpointing
 from verl.trainer.ppo import checkpointing
 from verl.trainer.ppo.core_algos import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_rollout_probs_diff,
@@ -57,6 +58,7 @@ class RayPPOTrainer:
 
     def __init__(self, config, tokenizer, train_dataset, val_dataset=None, reward_fn=None, val_reward_fn=None):
         self.config = config
+        resolve_gradient_checkpointing(config)  # unset: off when the memory estimate says the step fits
         self.tokenizer = tokenizer
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn

@@ -81,6 +81,9 @@ def compile_decoder_layers(model: torch.nn.Module) -> bool:
     # Layers share one code object; a generous cache keeps recompiles for new shapes/flags from
     # falling back to eager.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(layers), 64)
+    # A graph the compiler cannot build (a missing toolchain, an op it does not know) runs eager, with a
+    # warning, instead of failing the step.
+    torch._dynamo.config.suppress_errors = True
     for layer in layers:
         layer.forward = _compiled_unless_cached(layer.forward)
     return bool(layers)
@@ -93,7 +96,7 @@ def _compiled_unless_cached(eager):
 
     @functools.wraps(eager)
     def forward(*args, **kwargs):
-        cached = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None  # the name by version
+        cached = any(kwargs.get(k) is not None for k in ("cache", "past_key_values", "past_key_value"))  # by version
         return eager(*args, **kwargs) if cached else compiled(*args, **kwargs)
 
     return forward
