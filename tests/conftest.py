@@ -45,15 +45,22 @@ def single_rank(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray instance for the whole test session: loopback only (all of Ray's own services
-    too), no dashboard, 8 logical CPUs (workers take fractions of a CPU, so this fits a 2-core
-    machine). Ray is imported here, so tests that do not use it do not pay for it."""
+    """One Ray cluster for the whole test session: two Ray nodes on this machine
+    (``ray.cluster_utils.Cluster``, 4 logical CPUs each; workers take fractions of a CPU, so this fits
+    a 2-core machine), loopback only (all of Ray's own services too), no dashboard. Single-node pools
+    land on either node; ``trainer.nnodes=2`` spans both. Ray is imported here, so tests that do not
+    use it do not pay for it."""
     import ray
+    from ray.cluster_utils import Cluster
 
-    from verl.single_controller.ray import init_ray
+    from verl.single_controller.ray import _loopback_node_address, init_ray
 
-    if not ray.is_initialized():
-        init_ray({"ray_init": {"address": "local", "num_cpus": 8, "object_store_memory": 512 * 1024**2}},
-                 device="cpu")
+    node = {"num_cpus": 4, "node_ip_address": "127.0.0.1", "object_store_memory": 256 * 1024**2}
+    with _loopback_node_address():  # Ray would otherwise advertise (and listen on) the host's address
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        init_ray({"ray_init": {"address": cluster.address}}, device="cpu")
     yield ray
     ray.shutdown()
+    cluster.shutdown()

@@ -116,7 +116,8 @@ class ToyWorker(Worker):
         keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "VERL_DEVICE", "VERL_DIST_INIT_METHOD",
                 "GLOO_SOCKET_IFNAME"]
         return {**{k: os.environ.get(k) for k in keys}, "listening": self.new_listening,
-                "pid": os.getpid(), "backend": dist.get_backend(), "dist_world": dist.get_world_size()}
+                "pid": os.getpid(), "backend": dist.get_backend(), "dist_world": dist.get_world_size(),
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail_on(self, rank):
@@ -129,6 +130,21 @@ class ToyWorker(Worker):
         if self.rank == rank:
             os._exit(1)
         dist.barrier()
+
+
+class StuckWorker(Worker):
+    """A group whose collectives give up after 3 s (actor_rollout_ref.nccl_timeout in a real run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.init_process_group(timeout_s=3.0)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def skip_all_reduce(self, rank):
+        """Every rank but ``rank`` joins an all-reduce: those wait for a peer that never comes."""
+        if self.rank != rank:
+            dist.all_reduce(torch.ones(1))
+        return self.rank
 
 
 class ToyCritic(Worker):
@@ -310,11 +326,67 @@ def test_pool_checks_the_cluster_before_waiting(ray_session):
     with pytest.raises(RuntimeError, match=r"trainer.n_gpus_per_node=8 x trainer.nnodes=1 needs 8 GPUs "
                                            r"\(8 per node\) but the Ray cluster has 0 .*trainer.device=cpu"):
         ResourcePool([8], use_gpu=True).bundles()
-    first = ResourcePool([1], use_gpu=False, num_cpus_per_worker=5)
-    second = ResourcePool([1], use_gpu=False, num_cpus_per_worker=5, ready_timeout_s=1)
+    # The session's nodes have 4 CPUs each: 6 on one node can never fit, said at once.
+    with pytest.raises(RuntimeError, match=r"needs 6 CPUs \(3 per worker, 6 on one node\).*4 on its largest"):
+        ResourcePool([2], use_gpu=False, num_cpus_per_worker=3).bundles()
+    # Fits the cluster, but the other pools hold the room: reported after the wait.
+    held = [ResourcePool([1], use_gpu=False, num_cpus_per_worker=3) for _ in range(2)]
+    third = ResourcePool([1], use_gpu=False, num_cpus_per_worker=3, ready_timeout_s=1)
     try:
-        first.bundles()
+        for pool in held:
+            pool.bundles()
         with pytest.raises(RuntimeError, match="could not place"):
-            second.bundles()
+            third.bundles()
     finally:
-        first.remove()
+        for pool in held:
+            pool.remove()
+
+
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def test_a_pool_over_two_nodes_spans_both_and_reports_a_dead_rank(ray_session):
+    """process_on_nodes=[1, 1] (trainer.nnodes=2): one worker on each of the session's two Ray nodes,
+    joined through a TCP store that rank 0 serves on its node's address (loopback here, as the nodes
+    share this machine); a rank that dies mid-collective is reported across nodes."""
+    pool = ResourcePool([1, 1], use_gpu=False, name="two_node_pool")
+    group = RayWorkerGroup(pool, ClassWithInitArgs(ToyWorker, scale=2.0), name_prefix="spread")
+    try:
+        envs = group.environment()
+        assert len({e["node_id"] for e in envs}) == 2
+        assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"]) for e in envs] == [("0", "2", "0"), ("1", "2", "0")]
+        assert all(e["VERL_DIST_INIT_METHOD"].startswith("tcp://127.0.0.1:") for e in envs)
+        assert all(e["GLOO_SOCKET_IFNAME"] == "lo" for e in envs)
+        for env in envs:
+            assert env["listening"] and all(addr in LOOPBACK for addr in env["listening"]), env
+        assert group.all_reduce(5) == [11.0, 11.0]
+        with pytest.raises(WorkerError) as info:
+            group.exit_or_barrier(1)
+        assert (info.value.rank, info.value.died) == (1, True)
+    finally:
+        group.shutdown()
+        pool.remove()
+
+
+def test_a_pool_wanting_more_nodes_than_the_cluster_has_says_so(ray_session):
+    pool = ResourcePool([1, 1, 1], use_gpu=False, name="three_node_pool")
+    with pytest.raises(RuntimeError, match=r"over 3 nodes.*only 2 of the cluster's 2 nodes have room.*ray start"):
+        pool.bundles()
+
+
+def test_a_rank_stuck_in_a_collective_is_reported_after_the_timeout(ray_session):
+    """Rank 1 (on the other node) skips an all-reduce: rank 0 waits, and after the collective timeout
+    the group reports rank 0 with the hint to look for ranks that took different paths."""
+    pool = ResourcePool([1, 1], use_gpu=False, name="stuck_pool")
+    group = RayWorkerGroup(pool, ClassWithInitArgs(StuckWorker), name_prefix="actor_rollout")
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            group.skip_all_reduce(1)
+        assert time.monotonic() - start < 30
+        assert (info.value.role, info.value.rank, info.value.died) == ("actor_rollout", 0, False)
+        assert "waited longer than the collective timeout" in str(info.value)
+        assert "actor_rollout_ref.nccl_timeout" in str(info.value)
+    finally:
+        group.shutdown()
+        pool.remove()

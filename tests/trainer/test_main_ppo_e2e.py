@@ -273,6 +273,30 @@ def test_the_critic_can_have_devices_of_its_own(gsm8k_setup, tmp_path, monkeypat
     assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 3)
 
 
+def test_two_nodes_give_the_one_node_result_and_resume(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
+                                                       ray_session):
+    """trainer.nnodes=2 x n_gpus_per_node=1 on the session's two Ray nodes (rank 0's node serves the
+    rendezvous): two PPO steps with critic and reference, checkpoints written by the ranks of both nodes,
+    the same numbers as the one-node run with two workers and the same global batch; resuming on two
+    nodes reproduces step 2; a GRPO step runs too."""
+    assert len([n for n in ray_session.nodes() if n["Alive"]]) == 2
+    two_nodes = [*PPO, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.test_freq=-1"]
+    run_dir, records = run(gsm8k_setup, tmp_path, "two_nodes", *two_nodes, monkeypatch=monkeypatch)
+    _, one_node = run(gsm8k_setup, tmp_path, "one_node", *PPO, "trainer.test_freq=-1", monkeypatch=monkeypatch)
+    assert [r["step"] for r in records] == [r["step"] for r in one_node] == [1, 2]
+    for spread, packed in zip(records, one_node):
+        expected, got = learning_metrics(packed), learning_metrics(spread)
+        assert expected.keys() == got.keys()
+        for key in expected:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    assert_checkpoints(run_dir, with_critic=True)
+    assert_resume_matches(gsm8k_setup, tmp_path, "two_nodes_resumed", run_dir, records, two_nodes, monkeypatch)
+    _, grpo = run(gsm8k_setup, tmp_path, "two_nodes_grpo", *GRPO, *varied_reward, "trainer.nnodes=2",
+                  "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.save_freq=-1",
+                  "trainer.test_freq=-1", monkeypatch=monkeypatch)
+    assert math.isfinite(grpo[0]["data"]["actor/pg_loss"]) and grpo[0]["data"]["actor/kl_loss"] >= 0
+
+
 def test_python_api_fit_runs_the_same_loop(gsm8k_setup, tmp_path, monkeypatch):
     """The article's Python API: config objects, PPOTrainer(...).fit(), no Ray needed (local backend)."""
     from verl.trainer import (ActorConfig, ActorRolloutRefConfig, DataConfig, ModelConfig, PPOAlgorithmConfig,

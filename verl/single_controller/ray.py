@@ -179,19 +179,22 @@ class ResourcePool:
                 f"{layout} needs {self.world_size} GPUs ({max(n)} per node) but the Ray cluster has "
                 f"{sum(gpus):g} ({max(gpus, default=0):g} on its largest node); lower "
                 "trainer.n_gpus_per_node or trainer.nnodes, or set trainer.device=cpu")
-        cpus = sum(r.get("CPU", 0) for r in nodes)
-        if cpus < self.num_cpus_per_worker * self.world_size:
+        cpus = [r.get("CPU", 0) for r in nodes]
+        if sum(cpus) < self.num_cpus_per_worker * self.world_size or \
+                max(cpus, default=0) < self.num_cpus_per_worker * max(n):
             raise RuntimeError(
                 f"{layout} needs {self.num_cpus_per_worker * self.world_size:g} CPUs "
-                f"({self.num_cpus_per_worker:g} per worker) but the Ray cluster has {cpus:g}; lower "
+                f"({self.num_cpus_per_worker:g} per worker, {self.num_cpus_per_worker * max(n):g} on one node) but "
+                f"the Ray cluster has {sum(cpus):g} ({max(cpus, default=0):g} on its largest node); lower "
                 "trainer.n_gpus_per_node or trainer.nnodes, or give Ray more (ray_kwargs.ray_init.num_cpus)")
 
     def _place(self) -> list[_Bundle]:
         init_ray(None, "cuda" if self.use_gpu else "cpu")
         self._check_cluster_fits()
         bundle = {"CPU": self.num_cpus_per_worker, **({"GPU": 1} if self.use_gpu else {})}
-        pgs = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK")
-               for n in self.process_on_nodes]
+        pgs = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
+                               **({"bundle_label_selector": [{"ray.io/node-id": node}] * n} if node else {}))
+               for n, node in zip(self.process_on_nodes, self._target_nodes(bundle))]
         try:
             ray.get([pg.ready() for pg in pgs], timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -210,6 +213,32 @@ class ResourcePool:
         placed.sort(key=lambda p: (p[0], p[1]))  # stable ranks across restarts: sharded checkpoints
         return [_Bundle(pg, i, node_id, ip, pg.bundle_count)
                 for ip, _, pg, node_id in placed for i in range(pg.bundle_count)]
+
+    def _target_nodes(self, bundle: dict) -> list[str | None]:
+        """A different Ray node for each entry of ``process_on_nodes``, each with room for its workers
+        now (STRICT_PACK alone may put two "nodes" on one machine when it has room for both: then
+        nnodes=2 would not span two nodes). ``[None]`` for one node: Ray picks it."""
+        if len(self.process_on_nodes) == 1:
+            return [None]
+        from ray._private.state import available_resources_per_node
+
+        free = available_resources_per_node()
+        nodes = sorted((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
+        chosen: list[str] = []
+        for count in self.process_on_nodes:
+            need = {key: value * count for key, value in bundle.items()}
+            node = next((nid for _, nid in nodes if nid not in chosen
+                         and all(free.get(nid, {}).get(k, 0.0) >= v - 1e-6 for k, v in need.items())), None)
+            if node is None:
+                have = {f"{ip}/{nid[:8]}": {k: round(v, 2) for k, v in free.get(nid, {}).items() if k in bundle}
+                        for ip, nid in nodes}
+                raise RuntimeError(
+                    f"resource pool '{self.name}' spreads {self.process_on_nodes} workers over "
+                    f"{len(self.process_on_nodes)} nodes, each needing {need} free, but only {len(chosen)} of the "
+                    f"cluster's {len(nodes)} nodes have room (free now: {have}). Lower trainer.nnodes, or add "
+                    "nodes to the Ray cluster (ray start --address=<head>:6379 on each)")
+            chosen.append(node)
+        return chosen
 
     def _claim(self, who: str) -> list[_Bundle]:
         if self._groups >= self.max_colocate_count:
@@ -232,8 +261,9 @@ def _free_port(ip: str) -> int:
 
 
 def _rendezvous(bundles: list[_Bundle], name: str) -> str:
-    """A file on one node (no socket at all); rank 0's node address and a free port across nodes."""
-    if len({b.node_ip for b in bundles}) == 1:
+    """A file on one node (no socket at all); rank 0's node address and a free port across nodes
+    (decided by Ray node, not address: nodes started on one machine share one)."""
+    if len({b.node_id for b in bundles}) == 1:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
         return "file://" + os.path.join(tempfile.gettempdir(), "verl-rdzv", f"{safe}-{uuid.uuid4().hex}")
     ip, where = bundles[0].node_ip, NodeAffinitySchedulingStrategy(bundles[0].node_id, soft=False)
@@ -300,7 +330,16 @@ class _Actors:
                 f"none hangs waiting for it. Ray says: {text}"))
         if pending and ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)[1]:
             self.stop(f"rank {rank} raised in {method}() while other ranks were still running")
-        return WorkerError(role, rank, method, detail=f"Traceback in the worker:\n{text}")
+        hint = ""
+        if _COLLECTIVE_TIMEOUT.search(text):
+            hint = (f"rank {rank} waited longer than the collective timeout (actor_rollout_ref.nccl_timeout) for "
+                    "the other ranks of a collective: one of them never joined it (it took a different code "
+                    "path, e.g. ran fewer micro-batches, or is stuck). Its own traceback, if any, is below.\n")
+        return WorkerError(role, rank, method, detail=f"{hint}Traceback in the worker:\n{text}")
+
+
+# How gloo and NCCL say that a collective gave up waiting.
+_COLLECTIVE_TIMEOUT = re.compile(r"timed out|Watchdog caught collective operation timeout", re.IGNORECASE)
 
 
 class RayWorkerGroup(WorkerGroup):

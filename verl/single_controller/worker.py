@@ -18,8 +18,11 @@ debugging of a single worker easy.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
+import socket
 import tempfile
+import urllib.parse
 
 import torch
 import torch.distributed as dist
@@ -72,15 +75,42 @@ class Worker:
                 raise RuntimeError(f"WORLD_SIZE={self.world_size} but {INIT_METHOD_ENV} is not set: "
                                    "start multi-rank workers through a WorkerGroup")
             init_method = "file://" + os.path.join(tempfile.mkdtemp(prefix="verl-rdzv-"), "store")
+        timeout = datetime.timedelta(seconds=timeout_s)
         if init_method.startswith("file://"):
             # One node: keep the collective library's own sockets on loopback too.
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+            _loopback_collectives()
             os.makedirs(os.path.dirname(init_method[len("file://"):]), exist_ok=True)
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                world_size=self.world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
+        else:  # tcp://host:port on rank 0's node (several nodes)
+            dist.init_process_group(backend, store=_tcp_store(init_method, self.rank, self.world_size, timeout),
+                                    rank=self.rank, world_size=self.world_size, timeout=timeout)
         return dist.group.WORLD
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
+
+
+def _loopback_collectives() -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+
+
+def _tcp_store(init_method: str, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous store of a group spread over nodes: served by rank 0 on its node's address only
+    (torch's own ``tcp://`` store would listen on every interface), joined by the other ranks."""
+    address = urllib.parse.urlparse(init_method)
+    host, port = address.hostname, address.port
+    if host is None or port is None:
+        raise ValueError(f"{INIT_METHOD_ENV}={init_method!r} is not tcp://HOST:PORT")
+    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+        _loopback_collectives()  # nodes on one machine (tests): the collectives stay on loopback too
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(world_size)
+    store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                          master_listen_fd=listener.detach(), use_libuv=False)
+    return store
