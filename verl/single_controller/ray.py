@@ -318,24 +318,37 @@ class _Actors:
             try:
                 results[ref] = ray.get(ref)
             except Exception as e:  # noqa: BLE001 -- every failure is reported as a WorkerError
-                raise self._failure(role, method, rank_of[ref], e, pending) from None
+                raise self._failure(role, method, rank_of[ref], e, pending, rank_of) from None
         return [results[r] for r in refs]
 
-    def _failure(self, role: str, method: str, rank: int, error: Exception, pending: list) -> WorkerError:
+    def _failure(self, role: str, method: str, rank: int, error: Exception, pending: list,
+                 rank_of: dict) -> WorkerError:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Ray colours some lines
-        if isinstance(error, ray.exceptions.RayActorError) and not error.actor_init_failed:
+        if _died(error):
             self.stop(f"rank {rank} died while running {method}()")
             return WorkerError(role, rank, method, died=True, detail=(
                 "its process exited or was killed; the group's other workers were stopped so that "
                 f"none hangs waiting for it. Ray says: {text}"))
-        if pending and ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)[1]:
-            self.stop(f"rank {rank} raised in {method}() while other ranks were still running")
+        if pending:
+            ready, still_running = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
+            for ref in ready:  # a peer that died is the cause (this rank's collective lost its partner)
+                try:
+                    ray.get(ref)
+                except Exception as other:  # noqa: BLE001
+                    if _died(other):
+                        return self._failure(role, method, rank_of[ref], other, [], rank_of)
+            if still_running:
+                self.stop(f"rank {rank} raised in {method}() while other ranks were still running")
         hint = ""
         if _COLLECTIVE_TIMEOUT.search(text):
             hint = (f"rank {rank} waited longer than the collective timeout (actor_rollout_ref.nccl_timeout) for "
                     "the other ranks of a collective: one of them never joined it (it took a different code "
                     "path, e.g. ran fewer micro-batches, or is stuck). Its own traceback, if any, is below.\n")
         return WorkerError(role, rank, method, detail=f"{hint}Traceback in the worker:\n{text}")
+
+
+def _died(error: Exception) -> bool:
+    return isinstance(error, ray.exceptions.RayActorError) and not error.actor_init_failed
 
 
 # How gloo and NCCL say that a collective gave up waiting.
