@@ -262,15 +262,21 @@ def test_local_backend_reproduces_the_ray_backend(gsm8k_setup, varied_reward, tm
         assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
 
 
-def test_the_critic_can_have_devices_of_its_own(gsm8k_setup, tmp_path, monkeypatch, ray_session):
-    """Role-to-pool mapping: two actor workers share one pool, the critic gets one worker of its own."""
-    _, records = run(gsm8k_setup, tmp_path, "critic_pool", *PPO, "trainer.total_training_steps=1",
+def test_critic_and_reward_model_can_have_devices_of_their_own(gsm8k_setup, tmp_path, monkeypatch, ray_session):
+    """Role-to-pool mapping: two actor workers share one pool, the critic gets one worker of its own,
+    the reward model another; the reference's parameters are offloaded between uses (a no-op for CPU
+    workers: the run must still take its step). Four workers over the session's two Ray nodes."""
+    _, records = run(gsm8k_setup, tmp_path, "own_pools", *PPO, "trainer.total_training_steps=1",
                      "trainer.save_freq=-1", "trainer.test_freq=-1", "critic.enable_resource_pool=true",
-                     "critic.n_gpus_per_node=1", "critic.nnodes=1", monkeypatch=monkeypatch)
+                     "critic.n_gpus_per_node=1", "critic.nnodes=1", "reward_model.enable=true",
+                     f"reward_model.model.path={gsm8k_setup['model']}", "reward_model.micro_batch_size_per_gpu=2",
+                     "reward_model.enable_resource_pool=true", "reward_model.n_gpus_per_node=1",
+                     "reward_model.nnodes=1", "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+                     monkeypatch=monkeypatch)
     data = records[0]["data"]
-    assert all(math.isfinite(data[k]) for k in CRITIC_METRICS)
-    # throughput counts the devices of every pool: 2 for the actor + 1 for the critic
-    assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 3)
+    assert all(math.isfinite(data[k]) for k in CRITIC_METRICS + ["critic/score/mean", "timing_s/ref"])
+    # throughput counts the devices of every pool: 2 for the actor + 1 for the critic + 1 for the RM
+    assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 4)
 
 
 def test_two_nodes_give_the_one_node_result_and_resume(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
