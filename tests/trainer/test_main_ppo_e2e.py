@@ -303,6 +303,44 @@ def test_two_nodes_give_the_one_node_result_and_resume(gsm8k_setup, varied_rewar
     assert math.isfinite(grpo[0]["data"]["actor/pg_loss"]) and grpo[0]["data"]["actor/kl_loss"] >= 0
 
 
+# Every sample of a prompt whose answer has an even number of characters scores 0.5 (a group with no
+# spread, which dynamic sampling drops); the others score by their text, so their samples differ.
+HALF_CONSTANT_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if len(str(ground_truth)) % 2 == 0:
+        return 0.5
+    return sum(map(ord, solution_str)) % 97 / 97
+"""
+
+
+def test_dapo_dynamic_sampling_generates_until_the_batch_holds_varied_groups(gsm8k_setup, tmp_path, monkeypatch,
+                                                                             capsys):
+    """3 of the 12 sample prompts give varied scores: rounds of 4 prompts are generated until 2 groups
+    with a spread are kept for each step; with a limit of one round the run stops, saying why."""
+    reward = tmp_path / "half_constant.py"
+    reward.write_text(HALF_CONSTANT_REWARD)
+    dapo = [*GRPO, f"custom_reward_function.path={reward}", "trainer.backend=local", "trainer.n_gpus_per_node=1",
+            "data.train_batch_size=2", "data.gen_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+            "trainer.save_freq=-1", "trainer.test_freq=-1"]
+    _, records = run(gsm8k_setup, tmp_path, "dapo", *dapo, monkeypatch=monkeypatch)
+    for record in records:
+        data = record["data"]
+        assert data["train/num_kept_groups"] >= 2
+        assert data["train/num_generated_groups"] == 4 * data["train/num_gen_batches"]
+        assert data["critic/score/mean"] != 0.5 and data["critic/advantages/max"] > 0  # only varied groups remain
+    assert max(r["data"]["train/num_gen_batches"] for r in records) >= 2
+    constant = tmp_path / "constant.py"
+    constant.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                        "    return 0.5\n")
+    limited = [*dapo, f"custom_reward_function.path={constant}", "algorithm.filter_groups.max_num_gen_batches=1"]
+    assert main(article_command(gsm8k_setup, str(tmp_path / "dapo_limited"), *limited)) == 1
+    err = capsys.readouterr().err
+    assert ("Training stopped: algorithm.filter_groups: after 1 generation round(s) of data.gen_batch_size=4 "
+            "prompts, only 0 of the 2 prompt groups needed") in err
+    assert "max_num_gen_batches" in err
+
+
 def test_python_api_fit_runs_the_same_loop(gsm8k_setup, tmp_path, monkeypatch):
     """The article's Python API: config objects, PPOTrainer(...).fit(), no Ray needed (local backend)."""
     from verl.trainer import (ActorConfig, ActorRolloutRefConfig, DataConfig, ModelConfig, PPOAlgorithmConfig,

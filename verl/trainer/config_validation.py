@@ -42,6 +42,7 @@ CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
     checks.check_combinations,
     checks.check_micro_batch_pairs,
     checks.check_batch_sizes,
+    checks.check_dynamic_sampling,
     unused_keys.check_other_backend_keys,
     unused_keys.check_not_implemented,
 )

@@ -56,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 1
     from verl.single_controller import WorkerError
+    from verl.trainer.ppo.ray_trainer import DynamicSamplingError
 
     try:
         run_ppo(config)
-    except WorkerError as e:
+    except (WorkerError, DynamicSamplingError) as e:
         print(f"\nTraining stopped: {e}", file=sys.stderr)
         return 1
     return 0

@@ -510,11 +510,20 @@ def test_cli_prints_the_success_line_or_the_problems(capsys):
     assert "did you mean trainer.n_gpus_per_node?" in capsys.readouterr().err
 
 
+def test_dynamic_sampling_settings():
+    dapo = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "algorithm.adv_estimator=grpo")
+    validate(*dapo, "actor_rollout_ref.rollout.n=4", "data.gen_batch_size=96")
+    message = problems(*dapo[:1], "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=grpo")
+    assert "- algorithm.filter_groups.metric: is None; with filter_groups enabled choose one of acc" in message
+    assert "- actor_rollout_ref.rollout.n: is 1, but algorithm.filter_groups keeps groups" in message
+    message = problems("data.gen_batch_size=96")  # read by nothing unless filter_groups is on
+    assert "- data.gen_batch_size: is 96, but only DAPO dynamic sampling reads it" in message
+
+
 def test_features_not_implemented_are_never_silently_ignored(caplog):
     # a feature that changes what is learned is an error ...
-    message = problems("actor_rollout_ref.model.lora_rank=8", "algorithm.filter_groups.enable=true")
+    message = problems("actor_rollout_ref.model.lora_rank=8")
     assert "- actor_rollout_ref.model.lora_rank: is set to 8, but LoRA adapters are not implemented" in message
-    assert "- algorithm.filter_groups.enable: is set to true, but DAPO dynamic sampling" in message
     # ... a speed or memory knob is a warning that names the key
     with caplog.at_level(logging.WARNING, logger="verl.config"):
         warnings = validate("actor_rollout_ref.model.use_liger=true")

@@ -524,6 +524,34 @@ def _micro_per_device(run: Run, section: str, name: str) -> int | None:
     return None
 
 
+FILTER_GROUP_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
+def check_dynamic_sampling(run: Run) -> Iterator[Issue]:
+    """``algorithm.filter_groups`` (DAPO) and ``data.gen_batch_size``, which only it reads."""
+    enabled = bool(run.get("algorithm.filter_groups.enable"))
+    train, gen = run.get("data.train_batch_size"), run.get("data.gen_batch_size")
+    if not enabled:
+        if _positive_int(train) and gen is not None and gen != train:
+            yield error("data.gen_batch_size", f"is {gen}, but only DAPO dynamic sampling reads it and "
+                                               "algorithm.filter_groups.enable is false. Remove it (or set "
+                                               "algorithm.filter_groups.enable=true)")
+        return
+    metric = run.get("algorithm.filter_groups.metric")
+    if metric not in FILTER_GROUP_METRICS:
+        yield error("algorithm.filter_groups.metric", f"is {metric!r}; with filter_groups enabled choose one of "
+                                                      f"{', '.join(FILTER_GROUP_METRICS)} (e.g. acc with the DAPO "
+                                                      "reward manager, score otherwise)")
+    n = run.get(f"{ROLLOUT}.n")
+    if _positive_int(n) and n < 2:
+        yield error(f"{ROLLOUT}.n", "is 1, but algorithm.filter_groups keeps groups whose samples differ: a group "
+                                    "of one sample never does. Set actor_rollout_ref.rollout.n to 2 or more")
+    devices = run.n_devices
+    if _positive_int(gen) and _positive_int(n) and _positive_int(devices) and (gen * n) % devices:
+        yield error("data.gen_batch_size", f"({gen}) x {ROLLOUT}.n ({n}) = {gen * n} sequences cannot be split "
+                                           f"evenly over {devices} devices. Use a multiple of {devices}")
+
+
 def check_batch_sizes(run: Run) -> Iterator[Issue]:
     """Batches split evenly over the devices, into mini batches, and into micro batches."""
     devices, source = run.n_devices, run.n_devices_source

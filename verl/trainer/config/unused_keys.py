@@ -57,7 +57,6 @@ _NOT_IMPLEMENTED_ERRORS = {
     "critic.model.lora_rank": "LoRA adapters",
     f"{ROLLOUT}.multi_turn.enable": "multi-turn / tool-calling rollouts",
     "algorithm.use_pf_ppo": "policy-filtration PPO",
-    "algorithm.filter_groups.enable": "DAPO dynamic sampling",
     "data.custom_cls.path": "custom dataset classes",
     "data.sampler.class_path": "custom samplers",
     "data.datagen.path": "dynamic data generation",

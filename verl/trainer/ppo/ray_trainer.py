@@ -46,6 +46,10 @@ def compute_reward(batch: DataProto, reward_fn) -> tuple[torch.Tensor, dict[str,
     return result["reward_tensor"], result.get("reward_extra_info", {})
 
 
+class DynamicSamplingError(RuntimeError):
+    """Dynamic sampling (``algorithm.filter_groups``) ran out of generation rounds for a step."""
+
+
 class RayPPOTrainer:
     """Runs ``fit()``: the PPO loop over the training set, with validation and checkpoints.
 
@@ -74,12 +78,16 @@ class RayPPOTrainer:
                                        and int(actor.ppo_mini_batch_size) == int(config.data.train_batch_size))
 
         data = config.data
+        # DAPO dynamic sampling: prompts come in rounds of data.gen_batch_size until the step has
+        # data.train_batch_size prompts whose responses differ in algorithm.filter_groups.metric.
+        self.filter_groups = bool(algorithm.get("filter_groups") and algorithm.filter_groups.get("enable"))
+        key = "gen_batch_size" if self.filter_groups else "train_batch_size"
         self.train_sampler = create_rl_sampler(data, train_dataset)
-        self.train_dataloader = make_dataloader(train_dataset, batch_size=data.train_batch_size,
-                                                sampler=self.train_sampler, drop_last=True, collate_fn=collate_fn)
+        self.train_dataloader = make_dataloader(train_dataset, batch_size=data[key], sampler=self.train_sampler,
+                                                drop_last=True, collate_fn=collate_fn)
         if len(self.train_dataloader) == 0:
             raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than "
-                             f"data.train_batch_size={data.train_batch_size}; lower data.train_batch_size")
+                             f"data.{key}={data[key]}; lower data.{key}")
         steps = config.trainer.total_training_steps
         self.total_training_steps = int(steps) if steps else len(self.train_dataloader) * config.trainer.total_epochs
         with open_dict(config):  # the workers' LR schedules need the run's length
@@ -151,6 +159,73 @@ class RayPPOTrainer:
         batch.reorder(torch.tensor([i for part in partitions for i in part]))
         metrics.update(log_seqlen_unbalance(seqlens, partitions))
 
+    def _generate_and_score(self, batch_dict: dict, timing_raw: dict) -> DataProto:
+        """Responses for a batch of prompts, with ``token_level_scores`` (and the reward's extra info)."""
+        groups, rollout = self.workers, self.config.actor_rollout_ref.rollout
+        prompts = DataProto.from_single_dict(batch_dict, meta_info={"global_steps": self.global_steps})
+        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        with simple_timer("gen", timing_raw):
+            batch = groups.actor_rollout.generate_sequences(prompts)
+        if self.config.algorithm.adv_estimator == "remax":
+            with simple_timer("gen_max", timing_raw):
+                batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
+        with simple_timer("reward", timing_raw):
+            if self.use_rm:
+                batch = batch.union(groups.rm.compute_rm_score(batch))
+            scores, extra_info = compute_reward(batch, self.reward_fn)
+            batch.non_tensor_batch.update({k: np.asarray(v, dtype=object) for k, v in extra_info.items()})
+        batch.batch["token_level_scores"] = scores
+        return batch
+
+    def _keep_varied_groups(self, batch: DataProto, next_batch, timing_raw: dict, metrics: dict) -> DataProto:
+        """DAPO's dynamic sampling: drop the prompt groups whose samples all have the same
+        ``filter_groups.metric`` (they carry no GRPO signal) and generate further rounds of
+        ``data.gen_batch_size`` prompts until ``data.train_batch_size`` groups remain (the surplus is
+        cut) or ``max_num_gen_batches`` rounds were spent (<= 0: no limit)."""
+        config = self.config
+        settings, n = config.algorithm.filter_groups, int(config.actor_rollout_ref.rollout.n)
+        metric, limit = settings.metric, int(settings.get("max_num_gen_batches") or 0)
+        target = int(config.data.train_batch_size) * n
+        kept, rounds, generated = [], 0, 0
+        while True:
+            rounds += 1
+            values = self._group_metric(batch, metric)
+            uids = batch.non_tensor_batch["uid"]
+            spread: dict[str, list[float]] = {}
+            for uid, value in zip(uids, values):
+                spread.setdefault(uid, []).append(value)
+            varied = {uid for uid, vals in spread.items() if len(vals) == 1 or max(vals) > min(vals)}
+            generated += len(spread)
+            kept.append(batch.select_idxs([uid in varied for uid in uids]))
+            have = sum(len(part) for part in kept)
+            if have >= target:
+                break
+            if 0 < limit <= rounds:
+                raise DynamicSamplingError(
+                    f"algorithm.filter_groups: after {rounds} generation round(s) of data.gen_batch_size="
+                    f"{config.data.gen_batch_size} prompts, only {have // n} of the {target // n} prompt groups "
+                    f"needed (data.train_batch_size) had samples that differ in {metric!r}. Raise "
+                    "algorithm.filter_groups.max_num_gen_batches (0 = no limit) or data.gen_batch_size, or check "
+                    "that the reward can tell this policy's responses apart")
+            batch = self._generate_and_score(next_batch(), timing_raw)
+        batch = DataProto.concat([part for part in kept if len(part)]).slice(0, target)
+        metrics.update({"train/num_gen_batches": rounds, "train/num_generated_groups": generated,
+                        "train/num_kept_groups": have // n})
+        return batch
+
+    @staticmethod
+    def _group_metric(batch: DataProto, metric: str) -> list[float]:
+        """Per-sample value of ``filter_groups.metric``: ``acc`` (the reward's extra info) or the
+        sequence's summed score (``score``, ``seq_reward``; ``seq_final_reward`` too, as no KL
+        penalty is applied before filtering)."""
+        if metric == "acc":
+            if "acc" not in batch.non_tensor_batch:
+                raise KeyError("algorithm.filter_groups.metric=acc needs the reward function to return a dict with "
+                               f"an 'acc' entry; it returned {sorted(batch.non_tensor_batch)}. Use metric=score, or "
+                               "return {'score': ..., 'acc': ...}")
+            return [float(v) for v in batch.non_tensor_batch["acc"]]
+        return batch.batch["token_level_scores"].sum(-1).tolist()
+
     def _reward_baselines(self, batch: DataProto, n: int) -> torch.Tensor:
         """ReMax: the reward of one greedy response per prompt, repeated for its n samples."""
         greedy = batch.select(deepcopy=True)
@@ -195,31 +270,22 @@ class RayPPOTrainer:
         epochs = self.config.actor_rollout_ref.actor.ppo_epochs
         return {"perf/mfu/actor": achieved * epochs / promised / self.workers.actor_rollout.world_size}
 
-    def train_step(self, batch_dict: dict) -> dict:
-        """One PPO step on one batch of prompts; returns the step's metrics."""
+    def train_step(self, batch_dict: dict, next_batch=None) -> dict:
+        """One PPO step on one batch of prompts; returns the step's metrics. ``next_batch()`` gives
+        further batches when dynamic sampling (``algorithm.filter_groups``) needs more prompts."""
         config, groups = self.config, self.workers
         rollout = config.actor_rollout_ref.rollout
         metrics: dict = {}
         timing_raw: dict = {}
         with simple_timer("step", timing_raw):
-            prompts = DataProto.from_single_dict(batch_dict, meta_info={"global_steps": self.global_steps})
-            prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))],
-                                                       dtype=object)
-            with simple_timer("gen", timing_raw):
-                batch = groups.actor_rollout.generate_sequences(prompts)
-            if config.algorithm.adv_estimator == "remax":
-                with simple_timer("gen_max", timing_raw):
-                    batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
+            batch = self._generate_and_score(batch_dict, timing_raw)
+            if self.filter_groups:
+                batch = self._keep_varied_groups(batch, next_batch, timing_raw, metrics)
             if config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["temperature"] = rollout.temperature
-
-            with simple_timer("reward", timing_raw):
-                if self.use_rm:
-                    batch = batch.union(groups.rm.compute_rm_score(batch))
-                scores, extra_info = compute_reward(batch, self.reward_fn)
-                batch.non_tensor_batch.update({k: np.asarray(v, dtype=object) for k, v in extra_info.items()})
+            scores = batch.batch["token_level_scores"]
             update_actor = config.trainer.critic_warmup <= self.global_steps
             fused_old_log_prob = self.old_log_prob_in_update and update_actor
             if not fused_old_log_prob:
@@ -269,6 +335,11 @@ class RayPPOTrainer:
                         self.tokenizer, self.global_steps)
 
     # ------------------------------------------------------------------ the loop
+    def _train_batches(self):
+        """Batches of prompts, epoch after epoch (the sampler moves to the next epoch each pass)."""
+        while True:
+            yield from self.train_dataloader
+
     def fit(self) -> dict:
         """Train for ``total_training_steps`` steps; returns the last step's metrics."""
         trainer = self.config.trainer
@@ -284,13 +355,12 @@ class RayPPOTrainer:
                 last_metrics = val_metrics
                 if trainer.val_only:
                     return val_metrics
+            batches = self._train_batches()
             while self.global_steps < self.total_training_steps:
-                for batch_dict in self.train_dataloader:
-                    self.global_steps += 1
-                    last_metrics = self.train_step(batch_dict)
-                    tracker.log(last_metrics, step=self.global_steps)
-                    if self.global_steps >= self.total_training_steps:
-                        break
+                batch_dict = next(batches)
+                self.global_steps += 1
+                last_metrics = self.train_step(batch_dict, next_batch=lambda: next(batches))
+                tracker.log(last_metrics, step=self.global_steps)
         finally:
             tracker.finish()
         return last_metrics
