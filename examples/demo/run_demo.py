@@ -178,7 +178,8 @@ def run_sft(s: Settings, paths: dict, lengths: dict) -> str:
 
 
 def run_grpo(s: Settings, paths: dict, lengths: dict, sft_model: str) -> None:
-    micro = s.rl_batch_size // 2 * s.rl_n // s.workers  # one mini-batch per forward/backward
+    # Micro-batches are sized by tokens (packed forwards, the default): each rank's rows here are far
+    # under the 16k-token budget, so one forward/backward per mini-batch.
     run_cli([
         "-m", "verl.trainer.main_ppo",
         "algorithm.adv_estimator=grpo",
@@ -189,10 +190,8 @@ def run_grpo(s: Settings, paths: dict, lengths: dict, sft_model: str) -> None:
         f"actor_rollout_ref.model.path={sft_model}", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.optim.lr={s.rl_lr}", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={s.rl_batch_size // 2}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.fsdp_config.dtype=float32",
         f"actor_rollout_ref.rollout.n={s.rl_n}", f"actor_rollout_ref.rollout.seed={s.seed}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         "trainer.backend=ray", "trainer.device=cpu", f"trainer.n_gpus_per_node={s.workers}", "trainer.nnodes=1",
         f"trainer.total_training_steps={s.rl_steps}", "trainer.val_before_train=true",
         f"trainer.test_freq={s.test_freq}", f"trainer.save_freq={s.rl_steps}", "trainer.resume_mode=disable",
