@@ -33,7 +33,7 @@ python3 -m "$entry" \
     actor_rollout_ref.actor.clip_ratio_c=10.0 actor_rollout_ref.actor.loss_agg_mode=token-mean \
     actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.entropy_coeff=0 \
     algorithm.use_kl_in_reward=False \
-    algorithm.filter_groups.enable=True algorithm.filter_groups.metric=score `# GSM8K scores 0/1: acc` \
+    algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc \
     algorithm.filter_groups.max_num_gen_batches=10 \
     reward_model.reward_manager=dapo reward_model.overlong_buffer.enable=True \
     reward_model.overlong_buffer.len=$overlong_buffer reward_model.overlong_buffer.penalty_factor=1.0 \

@@ -390,3 +390,11 @@ def test_a_rank_stuck_in_a_collective_is_reported_after_the_timeout(ray_session)
     finally:
         group.shutdown()
         pool.remove()
+
+
+def test_interface_of_finds_the_interface_holding_an_address():
+    """Workers on different machines bind gloo to the interface of their node's cluster address."""
+    from verl.single_controller.worker import interface_of
+
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("203.0.113.77") is None  # a documentation address no interface holds

@@ -65,6 +65,13 @@ def test_main_eval_uses_a_custom_reward_and_names_bad_rows(tmp_path, capsys):
     assert "row 0 (mine): the reward function returned 'good'" in capsys.readouterr().err
     assert main_eval.main([f"data.path={path}", "data.response_key=answers"]) == 1
     assert "data.response_key: column 'answers' is not in" in capsys.readouterr().err
+    reward.write_text("import numpy as np\n\ndef compute_score(data_source, solution_str, ground_truth, "
+                      "extra_info=None):\n    return np.float32(1.0)\n")  # numpy numbers are numbers
+    spaced = tmp_path / "spaced.parquet"
+    pd.read_parquet(path).rename(columns={"responses": "my answers"}).to_parquet(spaced)
+    assert main_eval.main([f"data.path={spaced}", "data.response_key=my answers",
+                           f"custom_reward_function.path={reward}"]) == 0
+    assert "pass@1/mine: 1.0000" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

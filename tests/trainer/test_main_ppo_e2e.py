@@ -330,6 +330,10 @@ def test_dapo_dynamic_sampling_generates_until_the_batch_holds_varied_groups(gsm
         assert data["train/num_generated_groups"] == 4 * data["train/num_gen_batches"]
         assert data["critic/score/mean"] != 0.5 and data["critic/advantages/max"] > 0  # only varied groups remain
     assert max(r["data"]["train/num_gen_batches"] for r in records) >= 2
+    # The recipe's metric: acc, which the dapo reward manager records from a plain-number scorer.
+    _, records = run(gsm8k_setup, tmp_path, "dapo_acc", *dapo, "algorithm.filter_groups.metric=acc",
+                     "reward_model.reward_manager=dapo", "trainer.total_training_steps=1", monkeypatch=monkeypatch)
+    assert records[0]["data"]["train/num_kept_groups"] >= 2 and records[0]["data"]["critic/advantages/max"] > 0
     constant = tmp_path / "constant.py"
     constant.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                         "    return 0.5\n")

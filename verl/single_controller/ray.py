@@ -28,7 +28,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
-from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV
+from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV
 from verl.single_controller.worker_group import (ClassWithInitArgs, WorkerError, WorkerGroup,
                                                  colocated_worker_class)
 
@@ -210,6 +210,11 @@ class ResourcePool:
         for order, pg in enumerate(pgs):
             node_id = placement_group_table(pg)["bundles_to_node_id"][0]
             placed.append((node_ip[node_id], order, pg, node_id))
+        if len({p[3] for p in placed}) != len(placed):  # a Ray that ignores the node selector
+            for pg in pgs:
+                ray.util.remove_placement_group(pg)
+            raise RuntimeError(f"resource pool '{self.name}': Ray put two of its {len(pgs)} per-node groups on one "
+                               f"node; this needs ray>=2.50 (installed: {ray.__version__})")
         placed.sort(key=lambda p: (p[0], p[1]))  # stable ranks across restarts: sharded checkpoints
         return [_Bundle(pg, i, node_id, ip, pg.bundle_count)
                 for ip, _, pg, node_id in placed for i in range(pg.bundle_count)]
@@ -224,21 +229,21 @@ class ResourcePool:
 
         free = available_resources_per_node()
         nodes = sorted((n["NodeManagerAddress"], n["NodeID"]) for n in ray.nodes() if n["Alive"])
-        chosen: list[str] = []
-        for count in self.process_on_nodes:
-            need = {key: value * count for key, value in bundle.items()}
-            node = next((nid for _, nid in nodes if nid not in chosen
+        chosen: dict[int, str] = {}
+        for entry in sorted(range(len(self.process_on_nodes)), key=lambda i: -self.process_on_nodes[i]):
+            need = {key: value * self.process_on_nodes[entry] for key, value in bundle.items()}  # largest first
+            node = next((nid for _, nid in nodes if nid not in chosen.values()
                          and all(free.get(nid, {}).get(k, 0.0) >= v - 1e-6 for k, v in need.items())), None)
             if node is None:
                 have = {f"{ip}/{nid[:8]}": {k: round(v, 2) for k, v in free.get(nid, {}).items() if k in bundle}
                         for ip, nid in nodes}
                 raise RuntimeError(
                     f"resource pool '{self.name}' spreads {self.process_on_nodes} workers over "
-                    f"{len(self.process_on_nodes)} nodes, each needing {need} free, but only {len(chosen)} of the "
-                    f"cluster's {len(nodes)} nodes have room (free now: {have}). Lower trainer.nnodes, or add "
+                    f"{len(self.process_on_nodes)} nodes, one of them needing {need} free, but only {len(chosen)} of "
+                    f"the cluster's {len(nodes)} nodes have room (free now: {have}). Lower trainer.nnodes, or add "
                     "nodes to the Ray cluster (ray start --address=<head>:6379 on each)")
-            chosen.append(node)
-        return chosen
+            chosen[entry] = node
+        return [chosen[i] for i in range(len(self.process_on_nodes))]
 
     def _claim(self, who: str) -> list[_Bundle]:
         if self._groups >= self.max_colocate_count:
@@ -292,7 +297,7 @@ class _Actors:
         for rank, b in enumerate(bundles):
             env = {"RANK": str(rank), "WORLD_SIZE": str(len(bundles)), "LOCAL_RANK": str(b.index),
                    "LOCAL_WORLD_SIZE": str(b.local_world_size), DEVICE_ENV: device,
-                   INIT_METHOD_ENV: init_method}
+                   INIT_METHOD_ENV: init_method, NODE_IP_ENV: b.node_ip}
             strategy = PlacementGroupSchedulingStrategy(b.pg, placement_group_bundle_index=b.index)
             options = dict(self.pool.actor_options(), scheduling_strategy=strategy,
                            runtime_env={"env_vars": env})
@@ -340,7 +345,10 @@ class _Actors:
             if still_running:
                 self.stop(f"rank {rank} raised in {method}() while other ranks were still running")
         hint = ""
-        if _COLLECTIVE_TIMEOUT.search(text):
+        if _STORE_TIMEOUT.search(text):
+            hint = (f"rank {rank} could not reach the rendezvous store on rank 0's node: check that the nodes can "
+                    "reach each other on that address and port (firewall, network interface).\n")
+        elif _COLLECTIVE_TIMEOUT.search(text):
             hint = (f"rank {rank} waited longer than the collective timeout (actor_rollout_ref.nccl_timeout) for "
                     "the other ranks of a collective: one of them never joined it (it took a different code "
                     "path, e.g. ran fewer micro-batches, or is stuck). Its own traceback, if any, is below.\n")
@@ -352,7 +360,9 @@ def _died(error: Exception) -> bool:
 
 
 # How gloo and NCCL say that a collective gave up waiting.
-_COLLECTIVE_TIMEOUT = re.compile(r"timed out|Watchdog caught collective operation timeout", re.IGNORECASE)
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)"
+                                 r"|Watchdog caught collective operation timeout")
+_STORE_TIMEOUT = re.compile(r"client socket has timed out.*trying to connect", re.IGNORECASE | re.DOTALL)
 
 
 class RayWorkerGroup(WorkerGroup):

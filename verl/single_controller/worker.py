@@ -30,6 +30,7 @@ import torch.distributed as dist
 __all__ = ["Worker", "INIT_METHOD_ENV", "DEVICE_ENV"]
 
 INIT_METHOD_ENV = "VERL_DIST_INIT_METHOD"
+NODE_IP_ENV = "VERL_NODE_IP"  # the worker's node address in the cluster (set by the Ray worker group)
 DEVICE_ENV = "VERL_DEVICE"
 
 
@@ -91,6 +92,22 @@ class Worker:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 
 
+def interface_of(ip: str) -> str | None:
+    """The name of this machine's network interface holding IPv4 address ``ip`` (Linux), or None."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+        if socket.inet_ntoa(packed[20:24]) == ip:
+            return name
+    return None
+
+
 def _loopback_collectives() -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -105,6 +122,12 @@ def _tcp_store(init_method: str, rank: int, world_size: int, timeout: datetime.t
         raise ValueError(f"{INIT_METHOD_ENV}={init_method!r} is not tcp://HOST:PORT")
     if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
         _loopback_collectives()  # nodes on one machine (tests): the collectives stay on loopback too
+    elif "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo would take the hostname's address, often 127.0.1.1, unreachable from other machines:
+        # use the interface of this node's cluster address instead.
+        interface = interface_of(os.environ.get(NODE_IP_ENV, ""))
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     if rank != 0:
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import sys
 from collections import defaultdict
@@ -59,8 +60,7 @@ def _rows(config) -> list[tuple[str, list[str], object, dict]]:
     if missing:
         raise ConfigError("Invalid evaluation config:", missing)
     rows, bad = [], []
-    for i, row in enumerate(frame.itertuples(index=False)):
-        record = row._asdict()
+    for i, record in enumerate(frame.to_dict("records")):
         responses = record[keys["response_key"]]
         responses = [] if responses is None else list(responses)
         reward_model = record[keys["reward_model_key"]]
@@ -88,7 +88,7 @@ def evaluate(config) -> dict[str, float]:
         for response in responses:
             value = score(source, response, truth, extra)
             value = value["score"] if isinstance(value, dict) else value
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
                 raise ValueError(f"row {index} ({source}): the reward function returned {value!r}; it must return a "
                                  "finite number (or a dict with a numeric 'score')")
             scores.append(float(value))

@@ -198,12 +198,17 @@ def test_dapo_overlong_shaping(tiny_tokenizer):
     rewards = out["reward_tensor"]
     assert [rewards[i, n - 1].item() for i, n in enumerate(lengths)] == [1.0, 0.5, 0.0]
     assert rewards.sum().item() == 1.5
-    assert out["reward_extra_info"] == {"overlong_reward": [0.0, -0.5, -1.0], "overlong": [False, True, True]}
+    # a plain-number scorer's score is recorded as acc, before the penalty (filter_groups.metric=acc)
+    assert out["reward_extra_info"] == {"acc": [1.0, 1.0, 1.0], "overlong_reward": [0.0, -0.5, -1.0],
+                                        "overlong": [False, True, True]}
 
     cfg_quiet = {**cfg, "log": False}
     quiet = DAPORewardManager(tiny_tokenizer, 0, compute_score=lambda **kw: 1.0, max_resp_len=8,
                               overlong_buffer_cfg=cfg_quiet)(data, return_dict=True)
-    assert quiet["reward_extra_info"] == {}
+    assert quiet["reward_extra_info"] == {"acc": [1.0, 1.0, 1.0]}
+    scored = DAPORewardManager(tiny_tokenizer, 0, compute_score=lambda **kw: {"score": 0.5, "pred": "x"},
+                               max_resp_len=8, overlong_buffer_cfg=cfg_quiet)(data, return_dict=True)
+    assert scored["reward_extra_info"] == {"score": [0.5] * 3, "pred": ["x"] * 3}  # a dict scorer's own keys
     off = DAPORewardManager(tiny_tokenizer, 0, compute_score=lambda **kw: 1.0, max_resp_len=8,
                             overlong_buffer_cfg={**cfg, "enable": False})(data)
     assert off.sum().item() == 3.0

@@ -542,6 +542,9 @@ def check_dynamic_sampling(run: Run) -> Iterator[Issue]:
         yield error("algorithm.filter_groups.metric", f"is {metric!r}; with filter_groups enabled choose one of "
                                                       f"{', '.join(FILTER_GROUP_METRICS)} (e.g. acc with the DAPO "
                                                       "reward manager, score otherwise)")
+    if not _positive_int(gen):
+        yield error("data.gen_batch_size", f"is {gen!r}; with algorithm.filter_groups it is the number of prompts "
+                                           "generated per round: set a positive number (e.g. 3 x train_batch_size)")
     n = run.get(f"{ROLLOUT}.n")
     if _positive_int(n) and n < 2:
         yield error(f"{ROLLOUT}.n", "is 1, but algorithm.filter_groups keeps groups whose samples differ: a group "

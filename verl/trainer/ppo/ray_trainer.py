@@ -46,6 +46,14 @@ def compute_reward(batch: DataProto, reward_fn) -> tuple[torch.Tensor, dict[str,
     return result["reward_tensor"], result.get("reward_extra_info", {})
 
 
+def _object_array(values) -> np.ndarray:
+    """A 1-D object array of ``values`` (np.asarray would make a 2-D one of equal-length lists)."""
+    array = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        array[i] = value
+    return array
+
+
 class DynamicSamplingError(RuntimeError):
     """Dynamic sampling (``algorithm.filter_groups``) ran out of generation rounds for a step."""
 
@@ -173,7 +181,7 @@ class RayPPOTrainer:
             if self.use_rm:
                 batch = batch.union(groups.rm.compute_rm_score(batch))
             scores, extra_info = compute_reward(batch, self.reward_fn)
-            batch.non_tensor_batch.update({k: np.asarray(v, dtype=object) for k, v in extra_info.items()})
+            batch.non_tensor_batch.update({k: _object_array(v) for k, v in extra_info.items()})
         batch.batch["token_level_scores"] = scores
         return batch
 
@@ -215,15 +223,17 @@ class RayPPOTrainer:
 
     @staticmethod
     def _group_metric(batch: DataProto, metric: str) -> list[float]:
-        """Per-sample value of ``filter_groups.metric``: ``acc`` (the reward's extra info) or the
-        sequence's summed score (``score``, ``seq_reward``; ``seq_final_reward`` too, as no KL
-        penalty is applied before filtering)."""
+        """Per-sample value of ``filter_groups.metric``, as the original reads it: ``acc`` and ``score``
+        from the reward's extra info (the ``dapo`` manager records a plain score as ``acc``; ``score``
+        falls back to the summed token scores), ``seq_reward`` the summed token scores, and
+        ``seq_final_reward`` the same (no KL penalty is applied before filtering)."""
+        if metric in ("acc", "score") and metric in batch.non_tensor_batch:
+            return [float(v) for v in batch.non_tensor_batch[metric]]
         if metric == "acc":
-            if "acc" not in batch.non_tensor_batch:
-                raise KeyError("algorithm.filter_groups.metric=acc needs the reward function to return a dict with "
-                               f"an 'acc' entry; it returned {sorted(batch.non_tensor_batch)}. Use metric=score, or "
-                               "return {'score': ..., 'acc': ...}")
-            return [float(v) for v in batch.non_tensor_batch["acc"]]
+            raise DynamicSamplingError(
+                "algorithm.filter_groups.metric=acc needs an 'acc' per sample from the reward: use "
+                "reward_model.reward_manager=dapo (it records the score as acc) or a reward function returning "
+                f"{{'score': ..., 'acc': ...}}; the reward gave {sorted(batch.non_tensor_batch)}. Or use metric=score")
         return batch.batch["token_level_scores"].sum(-1).tolist()
 
     def _reward_baselines(self, batch: DataProto, n: int) -> torch.Tensor:
@@ -336,8 +346,13 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def _train_batches(self):
-        """Batches of prompts, epoch after epoch (the sampler moves to the next epoch each pass)."""
-        while True:
+        """Batches of prompts, epoch after epoch (the sampler moves to the next epoch each pass). With
+        dynamic sampling a step may take several batches: the run then also ends after
+        ``trainer.total_epochs`` passes over the data (unless ``total_training_steps`` is set), as
+        the original's does, the last step's unfinished rounds dropped."""
+        trainer = self.config.trainer
+        bounded = self.filter_groups and not trainer.total_training_steps
+        while not bounded or self.train_sampler.epoch < int(trainer.total_epochs):
             yield from self.train_dataloader
 
     def fit(self) -> dict:
@@ -357,9 +372,14 @@ class RayPPOTrainer:
                     return val_metrics
             batches = self._train_batches()
             while self.global_steps < self.total_training_steps:
-                batch_dict = next(batches)
-                self.global_steps += 1
-                last_metrics = self.train_step(batch_dict, next_batch=lambda: next(batches))
+                try:
+                    batch_dict = next(batches)
+                    self.global_steps += 1
+                    last_metrics = self.train_step(batch_dict, next_batch=lambda: next(batches))
+                except StopIteration:  # dynamic sampling used up trainer.total_epochs passes
+                    logger.info("the data's trainer.total_epochs passes are used up after %d steps",
+                                self.global_steps - 1)
+                    break
                 tracker.log(last_metrics, step=self.global_steps)
         finally:
             tracker.finish()

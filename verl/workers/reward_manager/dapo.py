@@ -52,7 +52,9 @@ class DAPORewardManager(NaiveRewardManager):
                                  "data.max_response_length)")
 
     def score(self, samples: list[ScoringInput]) -> list[tuple[float, dict]]:
-        results = super().score(samples)
+        # A scorer returning a plain number records it as ``acc`` (before any overlong penalty), as
+        # the original's DAPO manager does: algorithm.filter_groups.metric=acc reads it.
+        results = [(reward, info if info else {"acc": reward}) for reward, info in super().score(samples)]
         if not self.overlong_enabled:
             return results
         shaped = []
