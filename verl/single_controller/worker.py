@@ -134,6 +134,5 @@ def _tcp_store(init_method: str, rank: int, world_size: int, timeout: datetime.t
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))
     listener.listen(world_size)
-    store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
-                          master_listen_fd=listener.detach(), use_libuv=False)
-    return store
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach(), use_libuv=False)

@@ -50,6 +50,11 @@ class ModelShape:
         """Parameters outside the decoder layers (embeddings, final norm, untied lm_head)."""
         return self.params - self.layers * self.layer_params
 
+    @property
+    def unsharded_bytes(self) -> int:
+        """The bf16 compute copies FSDP holds at once in a forward: the root's and two layers' (prefetch)."""
+        return COMPUTE_BYTES * (self.root_params + 2 * self.layer_params)
+
     def activation_bytes(self, tokens: int, checkpointing: bool, compiled: bool = False) -> int:
         """Autograd-saved activations of the decoder stack for ``tokens`` packed tokens (see module doc)."""
         h, i, kv = self.hidden, self.intermediate, self.kv_dim
@@ -68,17 +73,16 @@ def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, 
                         logits: bool = True, n_gpus: int = 1, master_bytes: int = 4,
                         optimizer_on_gpu: bool = True) -> dict[str, int]:
     """Per-GPU bytes of a model trained with FSDP2 + AdamW at a micro-batch of ``tokens`` packed tokens."""
-    compute = COMPUTE_BYTES
     label = f"activations ({tokens} tokens, {'ckpt' if checkpointing else 'no ckpt'}{', compiled' * compiled})"
     parts = {
         "weights (sharded master)": shape.params * master_bytes // n_gpus,
         "gradients (sharded)": shape.params * master_bytes // n_gpus,
         "optimizer (AdamW moments)": 2 * 4 * shape.params // n_gpus if optimizer_on_gpu else 0,
-        "unsharded bf16 (root + 2 layers)": compute * (shape.root_params + 2 * shape.layer_params),
+        "unsharded bf16 (root + 2 layers)": shape.unsharded_bytes,
         label: shape.activation_bytes(tokens, checkpointing, compiled),
     }
     if logits:
-        parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * compute
+        parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * COMPUTE_BYTES
     return parts
 
 
@@ -192,7 +196,6 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     mini_rows = int(_get(config, f"{ar}.actor.ppo_mini_batch_size")) * n // n_gpus
     plan = Plan(device_bytes=device_bytes)
     on_cuda = str(_get(config, "trainer.device", "cuda")) == "cuda"
-    compute = COMPUTE_BYTES
 
     def trained(shape: ModelShape, section: str, model_section: str, fsdp: str, logits: bool, tokens: int, why: str):
         opt_offload = bool(_get(config, f"{fsdp}.optimizer_offload", False))
@@ -218,10 +221,9 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
                                      "log_prob_micro_batch_size", remove_padding, max_len, rows, n_gpus)
         offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False))
         plan.components["reference"] = {
-            "weights (bf16, sharded)": 0 if offload else compute * actor.params // n_gpus,
+            "weights (bf16, sharded)": 0 if offload else COMPUTE_BYTES * actor.params // n_gpus,
             f"forward ({lp_tokens} tokens)": actor.forward_bytes(lp_tokens)
-            + min(LOGPROB_CHUNK, lp_tokens) * actor.vocab * compute
-            + compute * (actor.root_params + 2 * actor.layer_params),
+            + min(LOGPROB_CHUNK, lp_tokens) * actor.vocab * COMPUTE_BYTES + actor.unsharded_bytes,
         }
         resident["reference"] = plan.components["reference"]["weights (bf16, sharded)"]
 
@@ -243,9 +245,9 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     # Generation: the actor's full bf16 weights (gathered), the KV cache and the sampler's logits.
     max_seqs = int(_get(config, f"{ar}.rollout.max_num_seqs", 1024))
     slots = max(1, min(rows, max_seqs))
-    kv = slots * 2 * actor.layers * actor.kv_dim * max_len * compute
+    kv = slots * 2 * actor.layers * actor.kv_dim * max_len * COMPUTE_BYTES
     util = float(_get(config, f"{ar}.rollout.gpu_memory_utilization", 0.5))
-    rollout = {"weights (bf16, gathered)": compute * actor.params,
+    rollout = {"weights (bf16, gathered)": COMPUTE_BYTES * actor.params,
                f"KV cache ({slots} sequences x {max_len} tokens)": kv,
                "sampling logits (fp32)": 4 * slots * actor.vocab * 4}
     if device_bytes is not None:
