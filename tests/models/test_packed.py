@@ -28,6 +28,8 @@ def test_pack_by_hand():
     assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1]]
     assert packed.cu_seqlens.tolist() == [0, 3, 5] and packed.cu_seqlens.dtype == torch.int32
     assert packed.max_seqlen == 3
+    # The kernel gets an upper bound rounded to a power of two (fewer distinct ints for torch.compile).
+    assert packed.model_kwargs()["max_length_q"] == packed.model_kwargs()["max_length_k"] == 4
     assert packed.index.tolist() == [[-1, -1, 0, 1, 2], [-1, -1, -1, 3, 4]]
     valid, before = packed.response_positions(2)  # tokens 6, 7 and 8, 9: predicted from 5, 6 and (none), 8
     assert valid.tolist() == [[True, True], [True, True]]

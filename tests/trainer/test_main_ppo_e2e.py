@@ -34,7 +34,8 @@ STEP_METRICS = [
     "perf/cpu_memory_used_gb", "training/global_step", "training/epoch",
 ]
 CRITIC_METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
-                  "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic"]
+                  "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic",
+                  "perf/mfu/critic"]
 KL_IN_REWARD_METRICS = ["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff", "timing_s/ref"]
 KL_LOSS_METRICS = ["actor/kl_loss", "actor/kl_coef", "timing_s/ref"]
 

@@ -20,6 +20,17 @@ def test_tiny_dense_model_by_hand():
     assert promised == 989.0
 
 
+def test_value_head_replaces_the_lm_head():
+    # The critic's head is 8 x 1 instead of 10 x 8: N = 1152 + 8 = 1160; 6 * 1160 * 8 = 55680, attention 3264.
+    achieved, _ = FlopsCounter(TINY, device_name="cpu", value_head=True).estimate_flops([3, 5], delta_time_s=1.0)
+    assert achieved == pytest.approx((55680 + 3264) / 1e12)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.Qwen2Config(**{k: v for k, v in TINY.items() if k != "model_type"})
+    assert FlopsCounter(hf, device_name="cpu", value_head=True).estimate_flops([3, 5], 1.0)[0] == pytest.approx(
+        achieved)
+    assert hf.vocab_size == 10  # the caller's config is left alone
+
+
 def test_explicit_head_dim_is_used():
     # qwen3 with head_dim 6 != 8 / 2: q,o 2 * 8*12 = 192, k,v 2 * 8*6 = 96, mlp 384 -> 672 per layer;
     # N = 2*672 + 80 = 1424. One sequence of 2: 6*1424*2 = 17088; attention 6 * 4 * 6 * 2 * 2 = 576.

@@ -55,7 +55,7 @@ class Packed:
         """Keyword arguments that make a Hugging Face model with :data:`ATTN_IMPLEMENTATION` attend per sequence."""
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": None,
                 "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
-                "max_length_q": self.max_seqlen, "max_length_k": self.max_seqlen}
+                "max_length_q": _bucket(self.max_seqlen), "max_length_k": _bucket(self.max_seqlen)}
 
     def response_positions(self, response_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """For the last ``response_length`` columns: the (B, R) mask of valid response tokens and, for
@@ -63,6 +63,14 @@ class Packed:
         state predicts it)."""
         valid = self.valid[:, -response_length:]
         return valid, self.index[:, -response_length:][valid] - 1
+
+
+def _bucket(length: int) -> int:
+    """``length`` rounded up to a power of two. The varlen kernel needs only an upper bound of the longest
+    sequence (it sizes its grid by it; blocks past a sequence's end exit at once), and a compiled layer
+    recompiles for every new integer it is given: in a run whose longest row changes every micro-batch
+    that meant a recompile per new value, now one per doubling."""
+    return 1 << max(0, int(length) - 1).bit_length()
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Packed:

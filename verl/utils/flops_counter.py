@@ -18,7 +18,8 @@ counts the embedding as well as the lm_head and the full (non-causal) attention 
 same run its MFU reads somewhat higher than ours.
 
 The trainer computes ``perf/mfu/actor = achieved · ppo_epochs / promised / world_size``, with the
-sequence lengths of the whole step's batch and the update time.
+sequence lengths of the whole step's batch and the update time; ``perf/mfu/critic`` likewise with the
+critic's model (its head is hidden × 1), ``critic.ppo_epochs`` and the critic update's time.
 """
 
 from __future__ import annotations
@@ -122,12 +123,16 @@ FLOPS_ESTIMATORS: dict[str, Callable[[Any, Sequence[int]], float]] = {
 class FlopsCounter:
     """Achieved TFLOPS of a training pass from a Hugging Face config (an object or a dict).
 
-    ``device_name`` overrides the CUDA device name used to look up the peak (``"cpu"`` on CPU).
+    ``device_name`` overrides the CUDA device name used to look up the peak (``"cpu"`` on CPU);
+    ``value_head`` counts a one-output head in place of the lm_head (the critic).
     Model types without an estimator in :data:`FLOPS_ESTIMATORS` report 0 achieved TFLOPS, with a
     one-time warning per type.
     """
 
-    def __init__(self, hf_config: Any, device_name: str | None = None):
+    def __init__(self, hf_config: Any, device_name: str | None = None, value_head: bool = False):
+        if value_head:  # a critic: its head maps hidden -> 1 value instead of hidden -> vocabulary
+            config = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
+            hf_config = {**config, "vocab_size": 1}
         self.config = hf_config
         self.model_type = _cfg(hf_config, "model_type", "")
         self.estimator = FLOPS_ESTIMATORS.get(self.model_type)

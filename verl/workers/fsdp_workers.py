@@ -319,8 +319,8 @@ class CriticWorker(_RoleWorker):
                                  override_config=config_get(model_config, "override_config"))
         self.engine = FSDPEngine(
             model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config_get(config, "grad_clip", 1.0),
-            enable_gradient_checkpointing=_checkpointing(model_config),
-            device=self.device)
+            enable_gradient_checkpointing=_checkpointing(model_config), device=self.device,
+            compile_layers=bool(config_get(config, "use_torch_compile", False)))
         micro, budget = micro_batching(config, "critic", "ppo_micro_batch_size", self.world_size,
                                        dynamic_key="use_dynamic_bsz", token_key="ppo_max_token_len_per_gpu",
                                        remove_padding=remove_padding)

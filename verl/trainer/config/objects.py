@@ -423,6 +423,7 @@ class CriticConfig(_Section):
     cliprange_value: float = NOT_SET
     loss_agg_mode: str = NOT_SET
     ulysses_sequence_parallel_size: int = NOT_SET
+    use_torch_compile: bool = NOT_SET
     checkpoint: dict = NOT_SET
     extra: dict = NOT_SET
 

@@ -105,20 +105,24 @@ class RayPPOTrainer:
         self.checkpoint_root = os.path.abspath(config.trainer.default_local_dir)
         self.global_steps = 0
         self.workers: WorkerGroups | None = None
-        self.flops_counter = None
+        self.flops_counters: dict[str, FlopsCounter] = {}  # role -> counter of its model
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Start the worker groups (Ray actors or in-process) and load every model."""
         self.workers = WorkerGroups.create(self.config, use_critic=self.use_critic, use_rm=self.use_rm,
                                            use_reference_policy=self.use_reference_policy)
-        try:
-            from verl.models.loader import load_hf_config
+        from verl.models.loader import load_hf_config
 
-            model = self.config.actor_rollout_ref.model
-            self.flops_counter = FlopsCounter(load_hf_config(model.path, trust_remote_code=model.trust_remote_code))
-        except Exception as e:  # MFU is a report, never a reason to stop training
-            logger.warning("perf/mfu/actor will read 0: could not read the model config (%s)", e)
+        models = {"actor": (self.config.actor_rollout_ref.model, False)}
+        if self.use_critic:
+            models["critic"] = (self.config.critic.model, True)
+        for role, (model, value_head) in models.items():
+            try:
+                self.flops_counters[role] = FlopsCounter(
+                    load_hf_config(model.path, trust_remote_code=model.trust_remote_code), value_head=value_head)
+            except Exception as e:  # MFU is a report, never a reason to stop training
+                logger.warning("perf/mfu/%s will read 0: could not read the model config (%s)", role, e)
 
     def shutdown(self) -> None:
         if self.workers is not None:
@@ -273,12 +277,23 @@ class RayPPOTrainer:
         return batch
 
     def _mfu(self, batch: DataProto, timing_raw: dict) -> dict:
-        if self.flops_counter is None or timing_raw.get("update_actor", 0) <= 0:
-            return {"perf/mfu/actor": 0.0}
-        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-        achieved, promised = self.flops_counter.estimate_flops(seqlens, timing_raw["update_actor"])
-        epochs = self.config.actor_rollout_ref.actor.ppo_epochs
-        return {"perf/mfu/actor": achieved * epochs / promised / self.workers.actor_rollout.world_size}
+        """``perf/mfu/actor`` and (with a critic) ``perf/mfu/critic``: model FLOPs of each update over its time."""
+        metrics = {}
+        seqlens = None
+        for role, section, group in (("actor", self.config.actor_rollout_ref.actor, "actor_rollout"),
+                                     ("critic", self.config.critic, "critic")):
+            if role == "critic" and not self.use_critic:
+                continue
+            counter, seconds = self.flops_counters.get(role), timing_raw.get(f"update_{role}", 0)
+            if counter is None or seconds <= 0:
+                metrics[f"perf/mfu/{role}"] = 0.0
+                continue
+            if seqlens is None:
+                seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+            achieved, promised = counter.estimate_flops(seqlens, seconds)
+            world_size = getattr(self.workers, group).world_size
+            metrics[f"perf/mfu/{role}"] = achieved * section.ppo_epochs / promised / world_size
+        return metrics
 
     def train_step(self, batch_dict: dict, next_batch=None) -> dict:
         """One PPO step on one batch of prompts; returns the step's metrics. ``next_batch()`` gives
