@@ -1,7 +1,7 @@
 """Whole steps through the real CLI on one GPU: GRPO once per rollout engine, or the reference PPO shape.
 
     python3 bench/ppo_step.py --out /tmp/ppo_step [--engines native hf] [--steps 3]
-    python3 bench/ppo_step.py --out /tmp/ppo_ref --shape reference [--steps 3]
+    python3 bench/ppo_step.py --out /tmp/ppo_ref --shape reference [--steps 3] [--variant "NAME:key=value;..."]
 
 ``--shape reference`` is the original's GSM8K PPO quickstart at full size: GAE with a critic of the
 same shape, the reference policy with KL in the reward (kl_coef 0.001), 256 prompts per step (GSM8K
@@ -90,8 +90,9 @@ def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) 
     return run_main_ppo(overrides, os.path.join(out, f"{engine}.jsonl"), out)
 
 
-def run_reference(out: str, steps: int, backend: str, quick: bool) -> None:
-    """The reference PPO shape (see the module docstring); prints ours beside the original's log."""
+def run_reference(out: str, steps: int, backend: str, quick: bool, variants: dict[str, list[str]]) -> None:
+    """The reference PPO shape (see the module docstring), once per variant (extra overrides); prints
+    each beside the original's log."""
     batch = 8 if quick else 256
     data, model = prepare(out, vocab_size=None if quick else 151936, rows=batch * steps, quick=quick)
     overrides = [
@@ -111,21 +112,24 @@ def run_reference(out: str, steps: int, backend: str, quick: bool) -> None:
         f"trainer.device={'cpu' if quick else 'cuda'}", "trainer.experiment_name=bench_reference",
         "trainer.resume_mode=disable", f"trainer.backend={backend}",
     ]
-    steps_metrics = run_main_ppo(overrides, os.path.join(out, "reference.jsonl"), out)[1:]  # step 1 warms up
-    mean = {key: sum(s[key] for s in steps_metrics) / len(steps_metrics)
-            for key in steps_metrics[0] if key.startswith(("timing_s/", "perf/"))}
+    results = {}
+    for name, extra in variants.items():
+        steps_metrics = run_main_ppo(overrides + extra, os.path.join(out, f"reference_{name}.jsonl"), out)[1:]
+        results[name] = {key: sum(s.get(key, 0.0) for s in steps_metrics) / len(steps_metrics)  # step 1 warms up
+                         for key in steps_metrics[0] if key.startswith(("timing_s/", "perf/"))}
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"ours": mean, "original_published": ORIGINAL_REFERENCE}, f, indent=1)
+        json.dump({"ours": results, "overrides": variants, "original_published": ORIGINAL_REFERENCE}, f, indent=1)
     print("\nreference PPO shape, mean over steps 2..N")
     print(f"{'':34}{'s/step':>10}{'tokens/s/GPU':>14}")
     print(f"{'original (published log, quoted)':34}{ORIGINAL_REFERENCE['seconds_per_step']:10.2f}"
           f"{ORIGINAL_REFERENCE['throughput']:14.0f}")
-    print(f"{'ours (measured)':34}{mean['timing_s/step']:10.2f}{mean['perf/throughput']:14.0f}   "
-          f"{mean['perf/throughput'] / ORIGINAL_REFERENCE['throughput']:.1f}x")
-    print("stages (s): " + ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in mean.items()
-                                     if k.startswith("timing_s/")))
-    print(f"peak GiB {mean.get('perf/max_memory_allocated_gb', 0.0):.2f}, "
-          f"mfu actor {mean.get('perf/mfu/actor', 0.0):.3f}, critic {mean.get('perf/mfu/critic', 0.0):.3f}")
+    for name, mean in results.items():
+        print(f"{'ours: ' + name:34}{mean['timing_s/step']:10.2f}{mean['perf/throughput']:14.0f}   "
+              f"{mean['perf/throughput'] / ORIGINAL_REFERENCE['throughput']:.1f}x")
+        print("    stages (s): " + ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in mean.items()
+                                           if k.startswith("timing_s/")))
+        print(f"    peak GiB {mean.get('perf/max_memory_allocated_gb', 0.0):.2f}, "
+              f"mfu actor {mean.get('perf/mfu/actor', 0.0):.3f}, critic {mean.get('perf/mfu/critic', 0.0):.3f}")
 
 
 def main() -> None:
@@ -136,10 +140,17 @@ def main() -> None:
     parser.add_argument("--backend", choices=["ray", "local"], default="ray")
     parser.add_argument("--shape", choices=["grpo", "reference"], default="grpo")
     parser.add_argument("--quick", action="store_true", help="with --shape reference: tiny, on the CPU")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="with --shape reference: NAME:key=value;key=value, one run per --variant "
+                             "(default: one run, 'defaults')")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.shape == "reference":
-        run_reference(args.out, args.steps, args.backend, args.quick)
+        variants = {"defaults": []} if not args.variant else {}
+        for spec in args.variant:
+            name, _, extra = spec.partition(":")
+            variants[name] = [o for o in extra.split(";") if o]
+        run_reference(args.out, args.steps, args.backend, args.quick, variants)
         return
     data, model = prepare(args.out)
     results = {}
