@@ -378,3 +378,26 @@ def test_other_estimators_run_a_step(estimator, gsm8k_setup, varied_reward, tmp_
     data = records[0]["data"]
     assert math.isfinite(data["actor/pg_loss"]) and data["critic/advantages/max"] > 0
     assert ("timing_s/gen_max" in data) == (estimator == "remax")
+
+
+def test_grpo_with_lora_trains_the_adapter_and_resumes(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
+                                                       ray_session):
+    """GRPO with KL loss and a rank-8 adapter on two Ray workers: the reference is the base model (KL 0
+    while the adapter is still zero, then > 0), checkpoints hold the adapter only, resume is exact."""
+    pytest.importorskip("peft")
+    lora = [*GRPO, *varied_reward, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+            "actor_rollout_ref.actor.optim.lr=2e-2", "trainer.test_freq=-1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4"]  # one update per step: step 1 sees B = 0 only
+    run_dir, records = run(gsm8k_setup, tmp_path, "grpo_lora", *lora, monkeypatch=monkeypatch)
+    first, second = records[0]["data"], records[1]["data"]
+    assert first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)  # B = 0: actor == base == reference
+    assert second["actor/kl_loss"] > 1e-5  # the adapter moved the actor away from the base model
+    shards = torch_load(run_dir / "checkpoints" / "global_step_1" / "actor" / "model_world_size_2_rank_1.pt")
+    assert shards["state_dict"] and all("lora_" in name for name in shards["state_dict"])
+    assert_resume_matches(gsm8k_setup, tmp_path, "grpo_lora_resumed", run_dir, records, lora, monkeypatch)
+
+
+def torch_load(path):
+    import torch
+
+    return torch.load(path, weights_only=True)

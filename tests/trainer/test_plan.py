@@ -109,3 +109,22 @@ def test_shape_of_a_real_architecture_on_the_meta_device(tmp_path, params):
     shape = plan_module.model_shape(str(tmp_path), config_key="actor_rollout_ref.model.path")
     assert shape.params == params  # Qwen2.5-0.5B's published count
     assert (shape.layers, shape.kv_dim, shape.root_params) == (24, 128, 151936 * 896 + 896)
+
+
+def test_lora_adapter_shrinks_gradients_and_optimizer_and_drops_reference_weights(tiny_qwen2_dir):
+    pytest.importorskip("peft")
+    from verl.trainer.config_validation import compose_ppo_config
+    from verl.trainer.plan import plan_memory
+
+    common = [f"actor_rollout_ref.model.path={tiny_qwen2_dir}", "data.train_batch_size=4",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.use_kl_loss=True",
+              "algorithm.adv_estimator=grpo", "trainer.device=cpu", "trainer.n_gpus_per_node=1"]
+    full = plan_memory(compose_ppo_config(common)).components
+    lora = plan_memory(compose_ppo_config([*common, "actor_rollout_ref.model.lora_rank=4"])).components
+    # Tiny Qwen2 (hidden 64, 4 heads of 16, 2 kv heads, intermediate 128, 2 layers), rank 4 on all 7 linears:
+    # q, o: 4·(64+64) each; k, v: 4·(64+32) each; gate, up, down: 4·(64+128) each -> 4·(256+192+576) = 4096
+    # per layer, 8192 in all; fp32 gradients 4 bytes each, AdamW 8.
+    assert lora["actor"]["gradients (sharded)"] == 8192 * 4
+    assert lora["actor"]["optimizer (AdamW moments)"] == 8192 * 8
+    assert lora["actor"]["weights (sharded master)"] == full["actor"]["weights (sharded master)"] + 8192 * 4
+    assert lora["reference"]["weights (bf16, sharded)"] == 0 < full["reference"]["weights (bf16, sharded)"]

@@ -309,3 +309,114 @@ def test_reward_model_with_its_own_chat_template(base_config, tiny_tokenizer, ti
     with pytest.raises(Exception, match="return_raw_chat"):
         batch.non_tensor_batch.pop("raw_prompt")
         group.compute_rm_score(batch)
+
+
+# ------------------------------------------------------------------------------------------------ LoRA
+LORA = {"actor_rollout_ref__model__lora_rank": 4, "actor_rollout_ref__model__lora_alpha": 8,
+        "actor_rollout_ref__actor__optim__lr": 5e-2}
+
+
+def _trained_lora_actor(base_config, tokenizer, steps=3):
+    pytest.importorskip("peft")
+    group = actor_group(changed(base_config, **LORA))
+    batch = handmade_batch(len(tokenizer))
+    batch.union(group.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
+    batch.batch["advantages"] = torch.randn(4, RESPONSE, generator=torch.Generator().manual_seed(5))
+    for _ in range(steps):
+        group.update_actor(batch)
+    return group, batch
+
+
+def test_lora_actor_trains_the_adapter_and_its_reference_is_the_base_model(base_config, tiny_tokenizer):
+    base = actor_group(base_config, role="ref")  # the plain model, as a reference worker loads it
+    group, batch = _trained_lora_actor(base_config, tiny_tokenizer)
+    worker = group.worker
+    assert worker.ref_engine is worker.actor_engine  # no second copy of the weights
+    trained = [p for g in worker.actor_engine.optimizer.param_groups for p in g["params"]]
+    lora_params = [p for n, p in worker.actor_engine.module.named_parameters() if "lora_" in n]
+    assert len(trained) == len(lora_params) == 2 * 2 * 7  # A and B of 7 linears in 2 layers, nothing else
+
+    base_lp = base.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    ref_lp = group.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    actor_lp = group.compute_log_prob(batch).batch["old_log_probs"]
+    torch.testing.assert_close(ref_lp, base_lp, rtol=0, atol=1e-6)
+    assert (actor_lp - base_lp).abs().max() > 1e-2  # the adapter learned something
+
+    # Generation uses base + adapter (merged into the gathered weights) and leaves the masters alone.
+    before = worker.actor_engine.full_state_dict()
+    out = group.generate_sequences(make_prompts(tiny_tokenizer, temperature=0.7, seed=1))
+    after = worker.actor_engine.full_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    mask = out.batch["response_mask"].bool()
+    old = group.compute_log_prob(out).batch["old_log_probs"]
+    assert (old - out.batch["rollout_log_probs"]).abs()[mask].max() < 1e-4
+    plain = base.compute_ref_log_prob(out).batch["ref_log_prob"]
+    assert (plain - out.batch["rollout_log_probs"]).abs()[mask].max() > 1e-2
+
+
+def test_lora_checkpoint_holds_the_adapter_resumes_and_exports(base_config, tiny_tokenizer, tiny_qwen2_dir,
+                                                               tmp_path):
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger.fsdp import merge_fsdp_checkpoint
+
+    group, batch = _trained_lora_actor(base_config, tiny_tokenizer, steps=2)
+    config = changed(base_config, **LORA, actor_rollout_ref__actor__checkpoint__save_contents=[
+        "model", "optimizer", "extra", "hf_model"])
+    group.worker.config = config.actor_rollout_ref
+    folder = str(tmp_path / "global_step_2" / "actor")
+    group.save_checkpoint(folder, 2)
+    shards = torch.load(os.path.join(folder, "model_world_size_1_rank_0.pt"), weights_only=True)["state_dict"]
+    assert shards and all("lora_" in name for name in shards)  # the adapter only: the base is model.path
+    optim = torch.load(os.path.join(folder, "optim_world_size_1_rank_0.pt"), weights_only=True)
+    assert len(optim["state"]) == len(shards)
+    with open(os.path.join(folder, "fsdp_config.json")) as f:
+        assert json.load(f)["lora"]["r"] == 4
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= set(
+        os.listdir(os.path.join(folder, "huggingface")))
+
+    # Resume: a fresh LoRA worker loads the adapter and continues exactly where this one was.
+    fresh = actor_group(changed(base_config, **LORA))
+    fresh.load_checkpoint(folder)
+    expected = group.compute_log_prob(batch).batch["old_log_probs"]
+    torch.testing.assert_close(fresh.compute_log_prob(batch).batch["old_log_probs"], expected, rtol=0, atol=0)
+    batch.batch["advantages"] = torch.randn(4, RESPONSE, generator=torch.Generator().manual_seed(7))
+    group.update_actor(batch)
+    fresh.update_actor(batch)
+    saved, loaded = group.worker.actor_engine.full_state_dict(), fresh.worker.actor_engine.full_state_dict()
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
+
+    # Export: the PEFT adapter folder, and the merged model; both give the checkpoint's policy.
+    adapter = merge_fsdp_checkpoint(folder, str(tmp_path / "adapter"))
+    merged = merge_fsdp_checkpoint(folder, str(tmp_path / "merged"), merge_lora=True)
+    ids = batch.batch["input_ids"][:1]
+    with torch.no_grad():
+        via_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir), adapter)(ids).logits
+        via_merge = AutoModelForCausalLM.from_pretrained(merged)(ids).logits
+        via_base = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir)(ids).logits
+    torch.testing.assert_close(via_merge, via_peft, rtol=1e-5, atol=1e-5)
+    assert (via_merge - via_base).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="not a LoRA checkpoint"):
+        plain = actor_group(base_config, role="actor")
+        plain.save_checkpoint(str(tmp_path / "plain" / "actor"), 1)
+        merge_fsdp_checkpoint(str(tmp_path / "plain" / "actor"), str(tmp_path / "x"), merge_lora=True)
+
+
+def test_lora_critic_trains_adapter_and_value_head(base_config, tiny_tokenizer, tmp_path):
+    pytest.importorskip("peft")
+    config = changed(base_config, critic__model__lora_rank=4, critic__model__lora_alpha=8)
+    group = LocalWorkerGroup(ClassWithInitArgs(CriticWorker, config=config.critic, rollout_n=N))
+    group.init_model()
+    trained = {n for n, p in group.worker.engine.module.named_parameters() if p.requires_grad}
+    assert "score.weight" in trained and all("lora_" in n or n.startswith("score.") for n in trained)
+    batch = handmade_batch(len(tiny_tokenizer))
+    batch.batch["values"] = group.compute_values(batch).batch["values"]
+    batch.batch["returns"] = torch.ones(4, RESPONSE)
+    losses = [sum(group.update_critic(batch).meta_info["metrics"]["critic/vf_loss"]) for _ in range(3)]
+    assert losses[2] < losses[0]
+    group.save_checkpoint(str(tmp_path / "critic"), 1)
+    shards = torch.load(str(tmp_path / "critic" / "model_world_size_1_rank_0.pt"), weights_only=True)["state_dict"]
+    assert "score.weight" in shards and all("lora_" in n or n.startswith("score.") for n in shards)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from verl.model_merger.fsdp import compare_with_hf, merge_fsdp_checkpoint
+from verl.workers.engine.checkpoint import read_fsdp_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
             sub.add_argument("--dtype", default=None, help="convert the weights, e.g. bfloat16 (default: as saved)")
             sub.add_argument("--overwrite", action="store_true", help="replace a non-empty --target_dir")
             sub.add_argument("--hf_upload_path", default=None, help="not supported: upload the folder yourself")
+            sub.add_argument("--merge_lora", action="store_true",
+                             help="LoRA checkpoint: write the base model with the adapter merged in (default: the "
+                                  "PEFT adapter folder)")
+            sub.add_argument("--base_model", default=None,
+                             help="with --merge_lora: the base model folder (default: the one the run started from)")
         else:
             sub.add_argument("--test_hf_dir", required=True, help="a Hugging Face folder with the expected weights")
     return parser
@@ -39,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                       "folder with `huggingface-cli upload`", file=sys.stderr)
                 return 2
             path = merge_fsdp_checkpoint(args.local_dir, args.target_dir, dtype=args.dtype,
-                                         trust_remote_code=args.trust_remote_code, overwrite=args.overwrite)
-            print(f"wrote a Hugging Face model to {path}")
+                                         trust_remote_code=args.trust_remote_code, overwrite=args.overwrite,
+                                         merge_lora=args.merge_lora, base_model=args.base_model)
+            lora = read_fsdp_config(args.local_dir).get("lora") and not args.merge_lora
+            print(f"wrote {'a PEFT LoRA adapter' if lora else 'a Hugging Face model'} to {path}")
             return 0
         problems = compare_with_hf(args.local_dir, args.test_hf_dir)
     except (FileNotFoundError, FileExistsError, ValueError) as e:

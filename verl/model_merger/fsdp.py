@@ -8,10 +8,11 @@ import tempfile
 
 import torch
 
-from verl.workers.engine.checkpoint import HF_DIR, load_full_model_state_dict
+from verl.workers.engine.checkpoint import HF_DIR, load_full_model_state_dict, read_fsdp_config
 
 # Files of the huggingface/ folder that describe the model rather than the tokenizer.
-_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "adapter_config.json", "adapter_model.safetensors")
 
 
 def _empty_model(config, trust_remote_code: bool):
@@ -31,11 +32,15 @@ def _empty_model(config, trust_remote_code: bool):
 
 
 def merge_fsdp_checkpoint(local_dir: str, target_dir: str, *, dtype: str | None = None,
-                          trust_remote_code: bool = False, overwrite: bool = False) -> str:
+                          trust_remote_code: bool = False, overwrite: bool = False, merge_lora: bool = False,
+                          base_model: str | None = None) -> str:
     """Write ``target_dir`` (safetensors weights, config, tokenizer) from the checkpoint in ``local_dir``.
 
     ``dtype`` (e.g. ``bfloat16``) converts the weights; by default they keep the training master dtype.
-    The folder is built under a temporary name and renamed, so a failure leaves no half-written model.
+    A LoRA checkpoint (its shards hold the adapter only) becomes a PEFT adapter folder, or with
+    ``merge_lora`` the full model: the base weights (``base_model``, default the model the run started
+    from) with ``scaling · B·A`` added. The folder is built under a temporary name and renamed, so a
+    failure leaves no half-written model.
     """
     from transformers import AutoConfig
 
@@ -47,17 +52,27 @@ def merge_fsdp_checkpoint(local_dir: str, target_dir: str, *, dtype: str | None 
     if os.path.exists(target_dir) and os.listdir(target_dir) and not overwrite:
         raise FileExistsError(f"--target_dir {target_dir} exists and is not empty; choose another folder or pass "
                               "--overwrite")
+    lora_config = read_fsdp_config(local_dir).get("lora")
+    if merge_lora and not lora_config:
+        raise ValueError(f"--merge_lora: {local_dir} is not a LoRA checkpoint (its shards hold the full model); "
+                         "drop --merge_lora")
     state = load_full_model_state_dict(local_dir)
+    config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
+    if lora_config and merge_lora:
+        state = _merged_with_base(state, lora_config, config, base_model, trust_remote_code)
     if dtype is not None:
         target = getattr(torch, dtype)
         state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
-    config = AutoConfig.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
-    shell = _empty_model(config, trust_remote_code)
     parent = os.path.dirname(target_dir)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target_dir)}.", dir=parent)
     try:
-        shell.save_pretrained(staging, state_dict=state)
+        if lora_config and not merge_lora:
+            from verl.models.lora import write_adapter_folder
+
+            write_adapter_folder(staging, state, lora_config)
+        else:
+            _empty_model(config, trust_remote_code).save_pretrained(staging, state_dict=state)
         for name in os.listdir(hf_dir):  # the tokenizer files saved beside the config
             source = os.path.join(hf_dir, name)
             if name not in _MODEL_FILES and os.path.isfile(source):
@@ -70,11 +85,45 @@ def merge_fsdp_checkpoint(local_dir: str, target_dir: str, *, dtype: str | None 
     return target_dir
 
 
+def _merged_with_base(adapter: dict, lora_config: dict, config, base_model: str | None,
+                      trust_remote_code: bool) -> dict:
+    """The base model's weights with the adapter folded in, under the plain parameter names."""
+    from verl.models.lora import ADAPTER_NAME, merged_state_dict
+
+    base_path = base_model or lora_config.get("base_model_name_or_path")
+    if not base_path or not os.path.isdir(os.path.expanduser(base_path)):
+        raise FileNotFoundError(f"--merge_lora needs the base model the adapter was trained on: {base_path!r} is not a "
+                                "folder; pass --base_model <folder of actor_rollout_ref.model.path>")
+    shell = _empty_model(config, trust_remote_code)
+    base = type(shell).from_pretrained(os.path.expanduser(base_path), config=config,
+                                       trust_remote_code=trust_remote_code)
+    state = dict(base.state_dict())
+    for name in adapter:
+        if f".lora_A.{ADAPTER_NAME}." in name:  # this module took the adapter: its weight is the base layer
+            module = name.split(f".lora_A.{ADAPTER_NAME}.")[0]
+            for part in ("weight", "bias"):
+                if f"{module}.{part}" in state:
+                    state[f"{module}.base_layer.{part}"] = state.pop(f"{module}.{part}")
+    state.update({k: v for k, v in adapter.items() if "lora_" not in k})  # a value head trained in full
+    state.update({k: v for k, v in adapter.items() if "lora_" in k})
+    merged = merged_state_dict(state, lora_config)
+    expected = set(shell.state_dict())
+    missing = sorted(expected - set(merged))
+    if missing:
+        raise ValueError(f"{base_path} lacks {missing[:4]} for this checkpoint's model; is it the base model the "
+                         "adapter was trained on?")
+    return {k: v for k, v in merged.items() if k in expected}
+
+
 def compare_with_hf(local_dir: str, hf_dir: str, atol: float = 0.0) -> list[str]:
     """Names of the weights whose merged value differs from ``hf_dir``'s (empty when all match)."""
     from safetensors.torch import load_file
 
     merged = load_full_model_state_dict(local_dir)
+    if read_fsdp_config(local_dir).get("lora"):  # compared with a PEFT adapter folder's names
+        from verl.models.lora import peft_state_dict
+
+        merged = peft_state_dict(merged)
     reference: dict[str, torch.Tensor] = {}
     for name in sorted(os.listdir(hf_dir)):
         if name.endswith(".safetensors"):

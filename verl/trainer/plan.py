@@ -18,8 +18,12 @@ elementwise results in backward and keep about ``2·(7h + 4kv + 3I)``. With chec
 keeps only its input (2h bytes) and the forward holds one layer's MLP intermediates at a time (3·I).
 Checked against the measured peaks of ``bench/train_step.py`` and ``bench/peer_grpo.py`` (docs/benchmarks.md).
 
+LoRA: gradients and optimizer state for the adapter's factors only (counted by injecting it into the
+meta-device model), no reference weights (the reference is the actor with its adapter off); the
+activations are taken as those of full training (the frozen layers still pass gradients back).
+
 Not modelled: parameter offload (optimizer offload is: its state is then not on the GPU), sequence
-parallelism, LoRA, multi-turn rollouts, fragmentation of the caching allocator.
+parallelism, multi-turn rollouts, fragmentation of the caching allocator.
 """
 
 from __future__ import annotations
@@ -71,13 +75,16 @@ class ModelShape:
 
 def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, compiled: bool = False,
                         logits: bool = True, n_gpus: int = 1, master_bytes: int = 4,
-                        optimizer_on_gpu: bool = True) -> dict[str, int]:
-    """Per-GPU bytes of a model trained with FSDP2 + AdamW at a micro-batch of ``tokens`` packed tokens."""
+                        optimizer_on_gpu: bool = True, trainable: int | None = None) -> dict[str, int]:
+    """Per-GPU bytes of a model trained with FSDP2 + AdamW at a micro-batch of ``tokens`` packed tokens.
+    ``trainable``: the parameters that get gradients and optimizer state (a LoRA adapter's), default all."""
     label = f"activations ({tokens} tokens, {'ckpt' if checkpointing else 'no ckpt'}{', compiled' * compiled})"
+    adapter = trainable or 0  # LoRA factors come on top of the (frozen) model
+    trainable = shape.params if trainable is None else trainable
     parts = {
-        "weights (sharded master)": shape.params * master_bytes // n_gpus,
-        "gradients (sharded)": shape.params * master_bytes // n_gpus,
-        "optimizer (AdamW moments)": 2 * 4 * shape.params // n_gpus if optimizer_on_gpu else 0,
+        "weights (sharded master)": (shape.params + adapter) * master_bytes // n_gpus,
+        "gradients (sharded)": trainable * master_bytes // n_gpus,
+        "optimizer (AdamW moments)": 2 * 4 * trainable // n_gpus if optimizer_on_gpu else 0,
         "unsharded bf16 (root + 2 layers)": shape.unsharded_bytes,
         label: shape.activation_bytes(tokens, checkpointing, compiled),
     }
@@ -200,11 +207,14 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     def trained(shape: ModelShape, section: str, model_section: str, fsdp: str, logits: bool, tokens: int, why: str):
         opt_offload = bool(_get(config, f"{fsdp}.optimizer_offload", False))
         plan.notes.append(f"{section} micro-batch: {why}" + ("; optimizer offloaded to CPU" if opt_offload else ""))
+        adapter = _lora_params(config, model_section, value_head=not logits)
+        if adapter is not None:
+            plan.notes.append(f"{model_section}: LoRA, {adapter:,} trainable parameters")
         return training_components(
             shape, tokens, checkpointing=bool(_get(config, f"{model_section}.enable_gradient_checkpointing", True)),
             compiled=bool(_get(config, f"{section}.use_torch_compile", False)) and on_cuda, logits=logits,
             n_gpus=n_gpus, master_bytes=_DTYPE_BYTES.get(str(_get(config, f"{fsdp}.model_dtype", "fp32")), 4),
-            optimizer_on_gpu=not opt_offload)
+            optimizer_on_gpu=not opt_offload, trainable=adapter)
 
     remove_padding = bool(_get(config, f"{ar}.model.use_remove_padding", False))
     tokens, why = _micro_tokens(config, f"{ar}.actor", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
@@ -219,7 +229,9 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     if uses_ref:
         lp_tokens, _ = _micro_tokens(config, f"{ar}.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
                                      "log_prob_micro_batch_size", remove_padding, max_len, rows, n_gpus)
-        offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False))
+        # With LoRA the reference is the actor with its adapter off: no weights of its own.
+        offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False)) or \
+            _lora_params(config, f"{ar}.model", value_head=False) is not None
         plan.components["reference"] = {
             "weights (bf16, sharded)": 0 if offload else COMPUTE_BYTES * actor.params // n_gpus,
             f"forward ({lp_tokens} tokens)": actor.forward_bytes(lp_tokens)
@@ -283,6 +295,23 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
         plan.advice.append("more GPUs (trainer.n_gpus_per_node / trainer.nnodes): weights, gradients and optimizer "
                            "state are sharded over them")
     return plan
+
+
+def _lora_params(config, model_section: str, *, value_head: bool) -> int | None:
+    """The trainable parameters of the LoRA adapter ``model_section`` configures (None without LoRA),
+    counted by injecting it into the model built on the meta device."""
+    if not (_get(config, f"{model_section}.lora_rank", 0) or _get(config, f"{model_section}.lora_adapter_path")):
+        return None
+    from verl.models.loader import load_hf_config
+    from verl.models.lora import LoraSettings, meta_model_with_adapter
+
+    section = {key: _get(config, f"{model_section}.{key}") for key in (
+        "lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")}
+    settings = LoraSettings.from_config(section, model_section)
+    hf_config = load_hf_config(_get(config, f"{model_section}.path"), config_key=f"{model_section}.path",
+                               trust_remote_code=bool(_get(config, f"{model_section}.trust_remote_code", False)))
+    model = meta_model_with_adapter(hf_config, settings, value_head=value_head)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _uses_critic(config) -> bool:

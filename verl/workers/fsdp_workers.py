@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+from contextlib import nullcontext
 import random
 
 import numpy as np
 import torch
 
 from verl.models import load_causal_lm, load_tokenizer, load_value_model
+from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
 from verl.utils.config import config_get, uses_token_budget
@@ -162,6 +164,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.tokenizer = self.actor_engine = self.actor = self.rollout = self.ref_engine = self.ref_policy = None
+        self.lora: LoraSettings | None = None
 
     def _require(self, needed: bool, what: str, method: str) -> None:
         if not needed:
@@ -186,13 +189,17 @@ class ActorRolloutRefWorker(_RoleWorker):
         # use_fused_kernels picks the log-prob reduction explicitly; otherwise the fastest available one.
         kernel = (config_get(model_config, "fused_kernel_options.impl_backend", "torch")
                   if config_get(model_config, "use_fused_kernels", False) else "auto")
+        self.lora = LoraSettings.from_config(model_config, "actor_rollout_ref.model")
         if self._is_actor or self._is_rollout:
             model = load_causal_lm(path, dtype=config_get(actor, "fsdp_config.model_dtype", "fp32"), **load_kwargs)
+            if self.lora is not None:
+                apply_lora(model, self.lora)
             self.actor_engine = FSDPEngine(
                 model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
                 grad_clip=config_get(actor, "grad_clip", 1.0), device=self.device,
                 enable_gradient_checkpointing=self._is_actor and _checkpointing(model_config),
-                compile_layers=bool(config_get(actor, "use_torch_compile", False)))
+                compile_layers=bool(config_get(actor, "use_torch_compile", False)),
+                lora_config=lora_config_dict(model, path) if self.lora is not None else None)
         if self._is_actor:
             where = "actor_rollout_ref.actor"
             micro, budget = micro_batching(actor, where, "ppo_micro_batch_size", self.world_size,
@@ -210,7 +217,16 @@ class ActorRolloutRefWorker(_RoleWorker):
         if self._is_rollout:
             rollout_cls = get_rollout_class(config_get(config, "rollout.name", "hf"))
             self.rollout = rollout_cls(config.rollout, self.actor_engine.module, self.tokenizer)
-        if self._is_ref:
+        if self._is_ref and self.lora is not None and self.actor_engine is not None:
+            # The reference policy is the actor with its adapter switched off: no second copy of the weights.
+            self.ref_engine = self.actor_engine
+            self.ref_policy = DataParallelPPOActor(config.ref, self.actor_engine, remove_padding=remove_padding,
+                                                   logprob_kernel=kernel)
+            self._ref_batching = micro_batching(
+                config.ref, "actor_rollout_ref.ref", "log_prob_micro_batch_size", self.world_size,
+                dynamic_key="log_prob_use_dynamic_bsz", token_key="log_prob_max_token_len_per_gpu",
+                remove_padding=remove_padding)
+        elif self._is_ref:
             ref = config.ref
             fsdp_config = _fsdp_config_with_dtype(ref.fsdp_config, config_get(actor, "fsdp_config.dtype"))
             dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype  # frozen: no fp32 master copy
@@ -230,8 +246,13 @@ class ActorRolloutRefWorker(_RoleWorker):
         ``do_sample``, ``temperature``, ...) overrides the rollout config for this call."""
         self._require(self._is_rollout, "rollout", "generate_sequences")
         prompts = prompts.to(self.device)
-        with self.actor_engine.gathered_params():
-            output = self.rollout.generate_sequences(prompts)
+        with self.actor_engine.gathered_params() as module:
+            if self.lora is None:
+                output = self.rollout.generate_sequences(prompts)
+            else:  # base + adapter merged into the gathered weights (freed at reshard), adapter layers off
+                merge_into_gathered_weights(module)
+                with adapters_disabled(module):
+                    output = self.rollout.generate_sequences(prompts)
         return output.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -253,7 +274,8 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._require(self._is_ref, "reference policy", "compute_ref_log_prob")
         data = data.to(self.device)
         micro, budget = self._ref_batching
-        with self.ref_engine.on_device():
+        shared = self.ref_engine is self.actor_engine  # LoRA: the base model is the actor without its adapter
+        with self.ref_engine.on_device(), adapters_disabled(self.ref_engine.module) if shared else nullcontext():
             log_probs, _ = self.ref_policy.compute_log_prob(
                 data, temperature=_temperature(data, config_get(self.config, "rollout.temperature", 1.0)),
                 micro_batch_size=micro, max_token_len=budget, calculate_entropy=False)
@@ -317,8 +339,12 @@ class CriticWorker(_RoleWorker):
         model = load_value_model(path, dtype=config_get(fsdp_config, "model_dtype", "fp32"),
                                  trust_remote_code=trust_remote_code, remove_padding=remove_padding,
                                  override_config=config_get(model_config, "override_config"))
+        lora = LoraSettings.from_config(model_config, "critic.model")
+        if lora is not None:
+            apply_lora(model, lora, value_head=True)
         self.engine = FSDPEngine(
             model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config_get(config, "grad_clip", 1.0),
+            lora_config=lora_config_dict(model, path, value_head=True) if lora is not None else None,
             enable_gradient_checkpointing=_checkpointing(model_config), device=self.device,
             compile_layers=bool(config_get(config, "use_torch_compile", False)))
         micro, budget = micro_batching(config, "critic", "ppo_micro_batch_size", self.world_size,

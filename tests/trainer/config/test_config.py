@@ -522,8 +522,8 @@ def test_dynamic_sampling_settings():
 
 def test_features_not_implemented_are_never_silently_ignored(caplog):
     # a feature that changes what is learned is an error ...
-    message = problems("actor_rollout_ref.model.lora_rank=8")
-    assert "- actor_rollout_ref.model.lora_rank: is set to 8, but LoRA adapters are not implemented" in message
+    message = problems("actor_rollout_ref.rollout.multi_turn.enable=true")
+    assert "- actor_rollout_ref.rollout.multi_turn.enable: is set to true, but multi-turn" in message
     # ... a speed or memory knob is a warning that names the key
     with caplog.at_level(logging.WARNING, logger="verl.config"):
         warnings = validate("actor_rollout_ref.model.use_liger=true")
@@ -531,6 +531,23 @@ def test_features_not_implemented_are_never_silently_ignored(caplog):
     # keys that only follow another key are reported once, at the source
     warnings = validate("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2")
     assert not any(w.startswith("actor_rollout_ref.ref.ulysses") for w in warnings)
+
+
+def test_lora_mistakes_stop_before_any_worker(tiny_qwen2_dir, tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    model = [f"actor_rollout_ref.model.path={tiny_qwen2_dir}", f"critic.model.path={tiny_qwen2_dir}"]
+    assert validate(*model, "actor_rollout_ref.model.lora_rank=8", "critic.model.lora_rank=8") is not None
+    message = problems(*model, "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[qkv]")
+    assert "- actor_rollout_ref.model.target_modules: actor_rollout_ref.model.target_modules=['qkv'] cannot wrap " \
+           "Qwen2ForCausalLM" in message and "Use 'all-linear' or names of its nn.Linear modules" in message
+    message = problems(*model, "critic.model.lora_rank=8", f"critic.model.lora_adapter_path={tmp_path}/none")
+    assert f"- critic.model.lora_adapter_path: critic.model.lora_adapter_path='{tmp_path}/none': no such folder" \
+        in message
+    message = problems(*model, "actor_rollout_ref.model.lora_rank=-2")
+    assert "- actor_rollout_ref.model.lora_rank: actor_rollout_ref.model.lora_rank=-2: must be 0" in message
+    monkeypatch.setattr(checks, "_module_available", lambda name: name != "peft")
+    message = problems(*model, "actor_rollout_ref.model.lora_rank=8")
+    assert "- actor_rollout_ref.model.lora_rank: needs the peft package, which is not installed" in message
 
 
 def test_local_backend_has_one_worker_and_no_pools():

@@ -81,9 +81,12 @@ NULL_DEFAULT_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("data.tokenizer", (str,)),
     ("*warmup_style", (str,)),
     ("algorithm.filter_groups.metric", (str,)),
+    ("*.exclude_modules", (str, list)),
 )
 # Types accepted on top of the default's type.
-ALSO_ACCEPTED: dict[str, tuple[type, ...]] = {"trainer.logger": (str,)}
+ALSO_ACCEPTED: dict[str, tuple[type, ...]] = {"trainer.logger": (str,),
+                                              "actor_rollout_ref.model.target_modules": (list,),
+                                              "critic.model.target_modules": (list,)}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ One folder per role and step, e.g. ``checkpoints/p/e/global_step_N/actor/``::
     fsdp_config.json                        # {"FSDP_version": 2, "world_size": W} (rank 0)
     huggingface/                            # config.json, generation_config.json, tokenizer (rank 0);
                                             #   with "hf_model" also the full model as safetensors
+                                            #   (a LoRA run: the PEFT adapter folder files instead)
+
+With a LoRA adapter (:mod:`verl.models.lora`) the model and optimizer files hold the trainable tensors
+only (the factors; a critic's value head too), and ``fsdp_config.json`` holds the adapter's PEFT config
+under ``"lora"``: the base weights are those of ``model.path``.
 
 Every file is written under a temporary name and renamed into place. All ``.pt`` files load with
 ``torch.load(..., weights_only=True)``.
@@ -66,9 +71,16 @@ def _check_contents(contents: Iterable[str]) -> set[str]:
 
 
 # ------------------------------------------------------------------------------------------------ state
+def _checkpointed_state(engine) -> dict:
+    """The state-dict entries a checkpoint holds: all of them, or with a LoRA adapter only what trains."""
+    state = engine.module.state_dict(keep_vars=True)
+    names = getattr(engine, "checkpointed_names", None)
+    return state if names is None else {name: state[name] for name in names}
+
+
 def _model_payload(engine) -> dict:
     tensors, shard_dims, shapes, copies = {}, {}, {}, {}
-    for name, param in engine.module.state_dict(keep_vars=True).items():
+    for name, param in _checkpointed_state(engine).items():
         value, dim = param.detach(), None
         if isinstance(value, DTensor):
             dims = [p.dim for p in value.placements if p.is_shard()]
@@ -83,7 +95,7 @@ def _model_payload(engine) -> dict:
 
 def _load_model_payload(engine, payload: dict, path: str) -> None:
     saved = payload["state_dict"]
-    current = engine.module.state_dict(keep_vars=True)
+    current = _checkpointed_state(engine)
     if set(saved) != set(current):
         missing, extra = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
         raise ValueError(f"{path} does not match this model: missing {missing[:5]}, unexpected {extra[:5]}.")
@@ -196,9 +208,17 @@ def save_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
         atomic_torch_save({"lr_scheduler": scheduler, "rng": _rng_state()},
                            os.path.join(local_path, extra_file(world_size, rank)))
     full_state = engine.full_state_dict() if "hf_model" in chosen else None
+    lora_config = getattr(engine, "lora_config", None)
     if rank == 0:
         with atomic_write(os.path.join(local_path, FSDP_CONFIG_FILE), "w") as f:
-            json.dump({"FSDP_version": 2, "world_size": world_size}, f)
+            json.dump({"FSDP_version": 2, "world_size": world_size,
+                       **({"lora": lora_config} if lora_config else {})}, f)
+        if full_state is not None and lora_config:  # the adapter, as PEFT loads it, instead of full weights
+            from verl.models.lora import write_adapter_folder
+
+            write_adapter_folder(os.path.join(local_path, HF_DIR), {
+                name: full_state[name] for name in engine.checkpointed_names}, lora_config)
+            full_state = None
         _write_hf_folder(engine, local_path, tokenizer, full_state)
     if engine.device.type == "cuda":
         dist.barrier(device_ids=[engine.device.index])

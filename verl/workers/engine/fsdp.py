@@ -153,12 +153,15 @@ class FSDPEngine:
         enable_gradient_checkpointing: recompute each decoder layer in backward.
         compile_layers: ``torch.compile`` each decoder layer's forward (CUDA only; see :func:`compile_layers`).
         total_training_steps: overrides ``optim.total_training_steps`` for the LR schedule.
+        lora_config: the PEFT config of an adapter injected into ``model`` (:mod:`verl.models.lora`); its
+            frozen base weights then get no optimizer state and stay out of the checkpoints.
         device: defaults to the current CUDA device with an NCCL process group, else the CPU.
     """
 
     def __init__(self, model: torch.nn.Module, *, fsdp_config=None, optim_config=None, grad_clip: float | None = 1.0,
                  enable_gradient_checkpointing: bool = False, compile_layers: bool = False,
-                 total_training_steps: int | None = None, device: torch.device | str | None = None):
+                 total_training_steps: int | None = None, device: torch.device | str | None = None,
+                 lora_config: dict | None = None):
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs an initialised default process group (the Worker base does that; "
                                "in a script call torch.distributed.init_process_group first).")
@@ -186,7 +189,14 @@ class FSDPEngine:
                                   reshard_after_forward=self.reshard_after_forward, offload_policy=self.offload_policy)
         _check_tied(self.module)
 
-        self.optimizer = build_optimizer(self.module.parameters(), optim_config) if optim_config is not None else None
+        # Frozen parameters (the base weights under a LoRA adapter) get no optimizer state and are not
+        # checkpointed: they are what model.path holds.
+        trainable = [p for p in self.module.parameters() if p.requires_grad]
+        frozen = {name for name, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        self.checkpointed_names = None if not frozen else \
+            [name for name in self.module.state_dict(keep_vars=True) if name not in frozen]
+        self.lora_config = lora_config  # written beside the checkpoints; the merger needs it
+        self.optimizer = build_optimizer(trainable, optim_config) if optim_config is not None else None
         self.lr_scheduler = (build_lr_scheduler(self.optimizer, optim_config, total_training_steps)
                              if self.optimizer is not None else None)
         self._params_on_device = True
