@@ -55,8 +55,10 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_qwen2_dir):
     model = apply_lora(load_causal_lm(tiny_qwen2_dir), _settings())
     _randomise_factors(model)
     assert not torch.allclose(_logits(model), _logits(base), atol=1e-3)
+    trainable = trainable_names(model)
     with adapters_disabled(model):
         torch.testing.assert_close(_logits(model), _logits(base), rtol=0, atol=0)
+        assert trainable_names(model) == trainable  # the flag only: FSDP2 must keep seeing trainable factors
     assert not torch.allclose(_logits(model), _logits(base), atol=1e-3)  # switched back on
 
 
@@ -120,3 +122,19 @@ def test_config_errors_name_the_key(tiny_qwen2_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no adapter_config.json"):
         LoraSettings.from_config({"lora_rank": 4, "lora_adapter_path": str(tmp_path / "empty")}, section)
     assert LoraSettings.from_config({"lora_rank": 0}, section) is None
+
+
+def test_a_first_forward_with_the_adapter_off_leaves_it_trainable_under_fsdp(tiny_qwen2_dir, single_rank):
+    """FSDP2 reads requires_grad once, at the model's first forward, to decide which parameters it
+    reduces in fp32. With the rollout not calling the model, that first forward is the reference pass,
+    adapter off: were the factors frozen then (peft's enable_adapters(False) does that), their gradients
+    would later be reduced and stored in bf16 (an error on CUDA)."""
+    from verl.workers.engine import FSDPEngine
+
+    model = apply_lora(load_causal_lm(tiny_qwen2_dir), _settings())
+    engine = FSDPEngine(model, fsdp_config={"dtype": "bfloat16"}, optim_config={"lr": 1e-3, "total_training_steps": 1})
+    with adapters_disabled(engine.module), torch.no_grad():
+        engine.module(input_ids=INPUT)
+    engine.module(input_ids=INPUT).logits.float().mean().backward()
+    grads = [p.grad for n, p in engine.module.named_parameters() if "lora_" in n]
+    assert grads and all(g is not None and g.dtype == torch.float32 for g in grads)

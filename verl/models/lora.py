@@ -173,14 +173,18 @@ def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     """Within the block the model computes with its base weights only (the reference policy)."""
-    layers = _lora_layers(model)
+    # Only the flag the LoRA layers' forward reads. peft's enable_adapters(False) also sets requires_grad
+    # False on the factors, and FSDP2 reads requires_grad at the model's first forward (which is the
+    # reference pass when the rollout does not call the model) to choose what it reduces in fp32: the
+    # factors' gradients then came back in bf16 (an error on CUDA). So requires_grad is never touched.
+    layers = [layer for layer in _lora_layers(model) if not layer.disable_adapters]
     for layer in layers:
-        layer.enable_adapters(False)
+        layer._disable_adapters = True
     try:
         yield
     finally:
         for layer in layers:
-            layer.enable_adapters(True)
+            layer._disable_adapters = False
 
 
 @torch.no_grad()
