@@ -143,13 +143,9 @@ def run_ours(out: str, steps: int, quick: bool, max_prompt: int, overrides: list
 def planned_gib(out: str, quick: bool, max_prompt: int, overrides: list[str], device_gib: float | None) -> float:
     """The peak ``python -m verl.trainer.plan`` predicts for this run (checkpointing resolved as the run does)."""
     sys.path.insert(0, REPO)
-    from verl.trainer.config_validation import compose_ppo_config
-    from verl.trainer.plan import GIB, device_memory, plan_memory, resolve_gradient_checkpointing
+    from bench.ppo_step import planned_peak_gib
 
-    config = compose_ppo_config(ours_command(out, 1, quick, max_prompt, overrides))
-    device = int(device_gib * GIB) if device_gib else device_memory(config)
-    resolve_gradient_checkpointing(config, log=lambda _: None, device_bytes=device)
-    return plan_memory(config, device).peak / GIB
+    return planned_peak_gib(ours_command(out, 1, quick, max_prompt, overrides), device_gib)
 
 
 def ours_command(out: str, steps: int, quick: bool, max_prompt: int, overrides: list[str]) -> list[str]:

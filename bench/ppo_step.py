@@ -90,12 +90,23 @@ def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) 
     return run_main_ppo(overrides, os.path.join(out, f"{engine}.jsonl"), out)
 
 
-def run_reference(out: str, steps: int, backend: str, quick: bool, variants: dict[str, list[str]]) -> None:
-    """The reference PPO shape (see the module docstring), once per variant (extra overrides); prints
-    each beside the original's log."""
+def planned_peak_gib(command: list[str], device_gib: float | None) -> float:
+    """The peak ``python -m verl.trainer.plan`` predicts for ``main_ppo <command>`` on a GPU of
+    ``device_gib`` (default: this machine's), checkpointing resolved as the run resolves it."""
+    from verl.trainer.config_validation import compose_ppo_config
+    from verl.trainer.plan import GIB, device_memory, plan_memory, resolve_gradient_checkpointing
+
+    config = compose_ppo_config(command)
+    device = int(device_gib * GIB) if device_gib else device_memory(config)
+    resolve_gradient_checkpointing(config, log=lambda _: None, device_bytes=device)
+    return plan_memory(config, device).peak / GIB
+
+
+def reference_command(out: str, steps: int, backend: str, quick: bool) -> list[str]:
+    """``main_ppo`` overrides of the reference PPO shape (builds its data and model under ``out``)."""
     batch = 8 if quick else 256
     data, model = prepare(out, vocab_size=None if quick else 151936, rows=batch * steps, quick=quick)
-    overrides = [
+    return [
         f"data.train_files={data}/train.parquet", f"data.train_batch_size={batch}",
         "data.max_prompt_length=512", f"data.max_response_length={16 if quick else 256}",
         "data.truncation=left", f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}",
@@ -112,6 +123,18 @@ def run_reference(out: str, steps: int, backend: str, quick: bool, variants: dic
         f"trainer.device={'cpu' if quick else 'cuda'}", "trainer.experiment_name=bench_reference",
         "trainer.resume_mode=disable", f"trainer.backend={backend}",
     ]
+
+
+def run_reference(out: str, steps: int, backend: str, quick: bool, variants: dict[str, list[str]],
+                  plan_only: bool = False, device_gib: float | None = None) -> None:
+    """The reference PPO shape (see the module docstring), once per variant (extra overrides); prints
+    each beside the original's log, with the memory estimate's peak beside the measured one."""
+    overrides = reference_command(out, steps, backend, quick)
+    planned = {name: planned_peak_gib(overrides + extra, device_gib) for name, extra in variants.items()}
+    if plan_only:
+        for name, gib in planned.items():
+            print(f"{name}: planned peak {gib:.2f} GiB")
+        return
     results = {}
     for name, extra in variants.items():
         steps_metrics = run_main_ppo(overrides + extra, os.path.join(out, f"reference_{name}.jsonl"), out)[1:]
@@ -128,7 +151,7 @@ def run_reference(out: str, steps: int, backend: str, quick: bool, variants: dic
               f"{mean['perf/throughput'] / ORIGINAL_REFERENCE['throughput']:.1f}x")
         print("    stages (s): " + ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in mean.items()
                                            if k.startswith("timing_s/")))
-        print(f"    peak GiB {mean.get('perf/max_memory_allocated_gb', 0.0):.2f}, "
+        print(f"    peak GiB {mean.get('perf/max_memory_allocated_gb', 0.0):.2f} (planned {planned[name]:.2f}), "
               f"mfu actor {mean.get('perf/mfu/actor', 0.0):.3f}, critic {mean.get('perf/mfu/critic', 0.0):.3f}")
 
 
@@ -143,6 +166,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[],
                         help="with --shape reference: NAME:key=value;key=value, one run per --variant "
                              "(default: one run, 'defaults')")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="with --shape reference: print each variant's estimated peak and stop (no GPU needed)")
+    parser.add_argument("--device-gib", type=float, help="the GPU size the estimate assumes (default: this one's)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.shape == "reference":
@@ -150,7 +176,7 @@ def main() -> None:
         for spec in args.variant:
             name, _, extra = spec.partition(":")
             variants[name] = [o for o in extra.split(";") if o]
-        run_reference(args.out, args.steps, args.backend, args.quick, variants)
+        run_reference(args.out, args.steps, args.backend, args.quick, variants, args.plan_only, args.device_gib)
         return
     data, model = prepare(args.out)
     results = {}

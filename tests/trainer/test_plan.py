@@ -42,6 +42,10 @@ def test_actor_components_by_hand():
                               "actor_rollout_ref.actor.use_dynamic_bsz=false",
                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"), None, shapes={"actor": SHAPE})
     assert "activations (96 tokens, ckpt)" in plan.components["actor"]
+    # A mini-batch smaller than the token budget is one micro-batch: 8 rows per GPU x 32 tokens = 256 < 1000.
+    plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"), None, shapes={"actor": SHAPE})
+    assert "activations (256 tokens, ckpt)" in plan.components["actor"]
 
 
 def test_phases_reference_rollout_and_fit():

@@ -178,6 +178,10 @@ def _micro_tokens(config, section: str, dynamic_key: str, token_key: str, rows_k
 
     if uses_token_budget(_get(config, f"{section}.{dynamic_key}"), remove_padding):
         budget = int(_get(config, f"{section}.{token_key}"))
+        whole = per_rank_rows * max_len  # a micro-batch never holds more than its mini-batch
+        if whole < budget:
+            return max(whole, max_len), f"the whole mini-batch ({per_rank_rows} x {max_len} tokens) is under " \
+                                        f"{section}.{token_key}={budget}"
         return max(budget, max_len), f"{section}.{token_key}={budget}"
     rows = _get(config, f"{section}.{rows_key}_per_gpu")
     if rows is None and _get(config, f"{section}.{rows_key}") is not None:  # the deprecated global key
