@@ -550,6 +550,12 @@ def test_lora_mistakes_stop_before_any_worker(tiny_qwen2_dir, tmp_path, monkeypa
     assert "- actor_rollout_ref.model.lora_rank: needs the peft package, which is not installed" in message
 
 
+def test_sandbox_fusion_keys_say_code_runs_in_the_local_sandbox(caplog):
+    with caplog.at_level(logging.WARNING, logger="verl.config"):
+        warnings = validate("reward_model.sandbox_fusion.url=http://localhost:8080/run_code")
+    assert any(w.startswith("reward_model.sandbox_fusion.url: ") and "run in the local sandbox" in w for w in warnings)
+
+
 def test_local_backend_has_one_worker_and_no_pools():
     message = problems("trainer.backend=local", "trainer.n_gpus_per_node=2", "critic.enable_resource_pool=true")
     assert "- trainer.n_gpus_per_node: is 2, but the local backend runs one worker in this process" in message

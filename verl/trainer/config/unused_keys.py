@@ -87,3 +87,11 @@ def check_not_implemented(run: Run) -> Iterator[Issue]:
         if value != run.default(key) and not run.follows(key):
             yield warn(key, f"is set to {_format(value)}, but this verl does not implement it, so it has no "
                             "effect. Remove it to silence this warning")
+    for key in ("reward_model.sandbox_fusion.url", "reward_model.sandbox_fusion.max_concurrent",
+                "reward_model.sandbox_fusion.memory_limit_mb"):
+        value = run.get(key)
+        if value != run.default(key) and not run.follows(key):
+            yield warn(key, f"is set to {_format(value)}, but code rewards (data sources codecontests, apps, "
+                            "codeforces, taco) run in the local sandbox (verl.utils.sandbox: namespaces, no network, "
+                            "CPU/memory/process limits); no SandboxFusion service is called. Remove it to silence "
+                            "this warning")

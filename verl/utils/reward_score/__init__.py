@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from verl.utils.reward_score import gsm8k, math_reward, reverse_digits
+from verl.utils.reward_score import code, gsm8k, math_reward, reverse_digits
 
 __all__ = ["default_compute_score", "register_score", "registered_data_sources"]
 
@@ -50,6 +50,11 @@ def _score_gsm8k(solution_str, ground_truth, extra_info=None, **kwargs):
 @register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def _score_math(solution_str, ground_truth, extra_info=None, **kwargs):
     return math_reward.compute_score(solution_str, ground_truth, **kwargs)
+
+
+@register_score(*code.DATA_SOURCES)
+def _score_code(solution_str, ground_truth, extra_info=None, **kwargs):
+    return code.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
 
 
 @register_score(reverse_digits.DATA_SOURCE)

@@ -1,0 +1,110 @@
+"""The code sandbox against hostile programs: each is contained, reported with a reason, and the test
+process (standing in for the trainer) is unaffected."""
+
+import os
+import socket
+import time
+
+import pytest
+
+from verl.utils import sandbox
+from verl.utils.sandbox import SandboxLimits, SandboxUnavailable, isolation, run_python
+
+pytestmark = pytest.mark.skipif(isolation() != "namespaces", reason=f"no sandbox on this machine: {isolation()}")
+
+FAST = SandboxLimits(cpu_seconds=2, wall_seconds=6, memory_mb=256, max_processes=16, max_output_bytes=4096)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_plain_program_reads_stdin_and_prints():
+    result = run_python("a, b = map(int, input().split())\nprint(a * b)", stdin="6 7")
+    assert result.ok and result.stdout == "42\n" and result.returncode == 0
+
+
+def test_an_exception_is_an_error_with_its_last_line():
+    result = run_python("raise ValueError('bad input')", limits=FAST)
+    assert result.status == "error" and result.reason == "ValueError: bad input"
+
+
+def test_infinite_loop_hits_the_cpu_limit():
+    start = time.monotonic()
+    result = run_python("while True:\n    pass", limits=FAST)
+    assert result.status == "cpu_limit" and "2 s of CPU time" in result.reason
+    assert time.monotonic() - start < FAST.wall_seconds + 2
+
+
+def test_sleeping_forever_hits_the_wall_clock():
+    result = run_python("import time\ntime.sleep(60)", limits=SandboxLimits(wall_seconds=1.5))
+    assert result.status == "timeout" and result.wall_seconds < 5
+
+
+def test_memory_bomb_is_refused_memory():
+    result = run_python("x = bytearray(2 * 1024 ** 3)\nprint('allocated')", limits=FAST)
+    assert result.status == "memory_limit" and "allocated" not in result.stdout
+
+
+def test_fork_bomb_is_contained_and_leaves_no_process_behind():
+    before = _processes()
+    code = ("import os\nfor _ in range(10000):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+            "import time\ntime.sleep(30)")
+    result = run_python(code, limits=SandboxLimits(wall_seconds=3, max_processes=16))
+    assert result.status == "timeout"
+    time.sleep(0.5)
+    assert _processes() <= before + 2  # the PID namespace died with its first process
+
+
+def test_the_project_and_the_host_filesystem_are_invisible():
+    code = (f"import os\nprint(os.path.exists({REPO!r}), os.path.exists('/root'), os.path.exists('/work'))\n"
+            "print(sorted(os.listdir('/')))")
+    result = run_python(code, limits=FAST)
+    assert result.ok, result.stderr
+    first, listing = result.stdout.splitlines()
+    assert first == "False False False"
+    assert "work" not in listing and "root" not in listing and "home" not in listing
+
+
+def test_writing_outside_its_directory_fails_and_its_files_vanish(tmp_path):
+    target = tmp_path / "pwned.txt"
+    code = (f"import os\nfor path in ({str(target)!r}, '/usr/pwned', '/etc/pwned'):\n"
+            "    try:\n        open(path, 'w').write('x')\n        print('wrote', path)\n"
+            "    except OSError as e:\n        print('refused', path, type(e).__name__)\n"
+            "open('/sandbox/mine.txt', 'w').write('ok')\nprint(open('mine.txt').read())")
+    result = run_python(code, limits=FAST)
+    assert result.ok, result.stderr
+    assert "wrote" not in result.stdout and result.stdout.count("refused") == 3 and result.stdout.endswith("ok\n")
+    assert not target.exists() and not os.path.exists("/usr/pwned") and not os.path.exists("/etc/pwned")
+
+
+def test_no_network():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    code = ("import socket\ns = socket.socket()\ns.settimeout(2)\n"
+            f"try:\n    s.connect(('127.0.0.1', {port}))\n    print('connected')\n"
+            "except OSError as e:\n    print('refused', type(e).__name__)")
+    try:
+        result = run_python(code, limits=FAST)
+    finally:
+        listener.close()
+    assert result.ok and result.stdout.startswith("refused")
+
+
+def test_huge_output_is_cut():
+    result = run_python("while True:\n    print('x' * 1000)", limits=FAST)
+    assert result.status == "output_limit" and len(result.stdout) <= FAST.max_output_bytes
+
+
+def test_huge_file_is_cut_by_the_file_size_limit():
+    result = run_python("open('big', 'wb').write(b'0' * (64 * 1024 * 1024))", limits=FAST)
+    assert result.status != "ok"
+
+
+def test_without_namespaces_nothing_runs(monkeypatch):
+    monkeypatch.setattr(sandbox, "isolation", lambda: "no `unshare` binary (util-linux) on this machine")
+    with pytest.raises(SandboxUnavailable, match="cannot run untrusted code safely: no `unshare`"):
+        run_python("print(1)")
+
+
+def _processes() -> int:
+    return sum(1 for name in os.listdir("/proc") if name.isdigit())
