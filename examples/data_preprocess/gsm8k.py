@@ -6,6 +6,8 @@
 --local_dataset_path also takes a folder with train/test .parquet or .jsonl files, or one or two such
 files. Without it the dataset is fetched from the Hub, which needs the `datasets` package.
 Then train with data.train_files=data/processed/gsm8k/train.parquet data.val_files=data/processed/gsm8k/test.parquet
+
+--tool adds a system message offering the Python tool of examples/multi_turn (multi-turn rollouts).
 """
 
 import argparse
@@ -16,6 +18,8 @@ from verl.utils.dataset.local_files import LocalDatasetError, load_hub_splits, l
 
 DATA_SOURCE = "openai/gsm8k"  # the reward function is chosen by this name, keep it as is
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+TOOL_SYSTEM = ("You can run Python with the code_interpreter tool to check your arithmetic: call it with the "
+               "program, read what it prints, then give the final answer after \"####\".")
 FINAL_ANSWER = re.compile(r"####\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
 
 
@@ -25,7 +29,7 @@ def extract_answer(answer: str):
     return found[-1].replace(",", "") if found else None
 
 
-def to_verl_row(example: dict, split: str, index: int) -> dict:
+def to_verl_row(example: dict, split: str, index: int, tool: bool = False) -> dict:
     ground_truth = extract_answer(example["answer"])
     if ground_truth is None:
         raise LocalDatasetError(
@@ -33,7 +37,8 @@ def to_verl_row(example: dict, split: str, index: int) -> dict:
         )
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": example["question"] + " " + INSTRUCTION}],
+        "prompt": ([{"role": "system", "content": TOOL_SYSTEM}] if tool else [])
+        + [{"role": "user", "content": example["question"] + " " + INSTRUCTION}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {"split": split, "index": index, "answer": example["answer"], "question": example["question"]},
@@ -46,6 +51,7 @@ def main():
                         help="local copy of openai/gsm8k: a download folder, or one or two train/test files")
     parser.add_argument("--local_dir", "--local_save_dir", dest="local_dir", default="~/data/gsm8k",
                         help="output folder for train.parquet and test.parquet")
+    parser.add_argument("--tool", action="store_true", help="offer the Python tool in a system message")
     args = parser.parse_args()
 
     if args.local_dataset_path:
@@ -53,7 +59,8 @@ def main():
     else:
         raw = load_hub_splits(DATA_SOURCE, "main", local_name="gsm8k")
     # Convert every split before writing any, so a bad row leaves the output folder untouched.
-    rows = {split: [to_verl_row(ex, split, i) for i, ex in enumerate(examples)] for split, examples in raw.items()}
+    rows = {split: [to_verl_row(ex, split, i, args.tool) for i, ex in enumerate(examples)]
+            for split, examples in raw.items()}
     save_splits(rows, args.local_dir)
 
 

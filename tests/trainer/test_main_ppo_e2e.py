@@ -401,3 +401,63 @@ def torch_load(path):
     import torch
 
     return torch.load(path, weights_only=True)
+
+
+@pytest.fixture
+def scripted_agent_engine():
+    """A rollout engine that plays an agent: first turn a Python tool call, second turn an answer.
+    Registered the way users add engines; the local backend runs it in this process."""
+    import torch
+
+    from verl.workers.rollout.base import BaseRollout, build_rollout_output, register_rollout
+
+    class ScriptedAgent(BaseRollout):
+        SCRIPT = ['<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(24 * 3)"}}</tool_call>',
+                  "The tool says 72, so #### 72"]
+
+        def generate_sequences(self, prompts):
+            params = self.sampling_params(prompts.meta_info)
+            rows = []
+            for ids, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"]):
+                turn = self.tokenizer.decode(ids[mask.bool()].tolist()).count("<|im_start|>assistant") - 1
+                rows.append(self.tokenizer(self.SCRIPT[min(turn, 1)])["input_ids"] + [self.tokenizer.eos_token_id])
+            width = max(map(len, rows))
+            responses = torch.tensor([r + [params.pad_token_id] * (width - len(r)) for r in rows])
+            return build_rollout_output(prompts, responses, torch.full(responses.shape, -1.0), params)
+
+    from verl.workers.rollout import base
+
+    if "scripted_agent" not in base._ROLLOUTS:
+        register_rollout("scripted_agent")(ScriptedAgent)
+    return "scripted_agent"
+
+
+def test_multi_turn_grpo_runs_tool_calls_and_trains_on_the_models_tokens(gsm8k_setup, tmp_path, monkeypatch,
+                                                                         scripted_agent_engine):
+    from verl.utils.sandbox import isolation
+
+    if isolation() != "namespaces":
+        pytest.skip(isolation())
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.code_interpreter.CodeInterpreterTool\n"
+                     "    config: {cpu_seconds: 2}\n    tool_schema:\n      type: function\n"
+                     "      function: {name: code_interpreter, parameters: {type: object}}\n")
+    reward = tmp_path / "reward.py"  # 1 when the sandbox's output (72) sits between the call and the answer
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    call, _, rest = solution_str.partition('</tool_call>')\n"
+                      "    return float('72' in rest.split('#### 72')[0] and '72' not in call)\n")
+    _, records = run(gsm8k_setup, tmp_path, "multi_turn", "algorithm.adv_estimator=grpo",
+                     "actor_rollout_ref.rollout.n=2", "trainer.backend=local", "trainer.n_gpus_per_node=1",
+                     "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                     "data.return_raw_chat=True", "data.max_response_length=256",
+                     f"actor_rollout_ref.rollout.name={scripted_agent_engine}",
+                     "actor_rollout_ref.rollout.multi_turn.enable=True",
+                     f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                     f"custom_reward_function.path={reward}", monkeypatch=monkeypatch)
+    data = records[0]["data"]
+    assert data["agent_loop/num_turns/mean"] == 3 and data["agent_loop/tool_calls/mean"] == 1
+    assert data["agent_loop/tool_errors/mean"] == 0 and data["agent_loop/tool_time_s/mean"] > 0
+    # The tool's result ("72") and the template tokens around it are in the sequence but not trained on.
+    assert data["agent_loop/response_length_with_tools/mean"] > data["response_length/mean"] > 0
+    assert data["critic/score/mean"] == 1.0  # every response holds the tool's output before its answer
+    assert math.isfinite(data["actor/pg_loss"])

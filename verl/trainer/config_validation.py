@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config import ConfigError, batch_checks, checks, lora_checks, unused_keys
+from verl.trainer.config import ConfigError, batch_checks, checks, lora_checks, multi_turn_checks, unused_keys
 from verl.trainer.config.checks import Issue, Run, check_types
 from verl.trainer.config.compose import compose_ppo_config, default_ppo_values
 
@@ -44,6 +44,7 @@ CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
     batch_checks.check_batch_sizes,
     batch_checks.check_dynamic_sampling,
     lora_checks.check_lora,
+    multi_turn_checks.check_multi_turn,
     unused_keys.check_other_backend_keys,
     unused_keys.check_not_implemented,
 )

@@ -77,7 +77,8 @@ _RUNNER = r'''
 import ctypes, json, os, resource, shutil, signal, sys
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 def mount(source, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()
     if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
@@ -129,7 +130,8 @@ if pid == 0:
                          (resource.RLIMIT_FSIZE, (cfg["fsize"],) * 2), (resource.RLIMIT_NOFILE, (cfg["nofile"],) * 2),
                          (resource.RLIMIT_CORE, (0, 0))):
         resource.setrlimit(limit, value)
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONIOENCODING": "utf-8"}
     os.execve(cfg["python"], [cfg["python"], "-I", "-B", "main.py"], env)
 while True:
     done, status = os.waitpid(-1, 0)
@@ -176,7 +178,8 @@ def isolation() -> str:
     except OSError as err:
         return f"`unshare` could not start: {err}"
     if result.status != "ok" or result.stdout.strip() != "ok":
-        return f"user/network/mount/PID namespaces are not available to an unprivileged user here ({result.reason})"
+        return (f"user/network/mount/PID namespaces are not available to an unprivileged user here "
+                f"({result.reason})")
     return "namespaces"
 
 

@@ -31,6 +31,7 @@ from verl.models import load_causal_lm, load_tokenizer, load_value_model
 from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
+from verl.tools.base import load_tools
 from verl.utils.config import config_get, uses_token_budget
 from verl.utils.debug import memory_usage
 from verl.workers.actor import DataParallelPPOActor
@@ -39,6 +40,7 @@ from verl.workers.engine import FSDPEngine
 from verl.workers.engine.fsdp import mixed_precision_policy
 from verl.workers.reward_model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.workers.rollout import get_rollout_class
+from verl.workers.rollout.agent_loop import ToolAgentLoop
 
 __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker", "micro_batching", "per_rank_mini_batch"]
 
@@ -217,6 +219,11 @@ class ActorRolloutRefWorker(_RoleWorker):
         if self._is_rollout:
             rollout_cls = get_rollout_class(config_get(config, "rollout.name", "hf"))
             self.rollout = rollout_cls(config.rollout, self.actor_engine.module, self.tokenizer)
+            multi_turn = config_get(config, "rollout.multi_turn")
+            if config_get(multi_turn, "enable", False):
+                tools_file = config_get(multi_turn, "tool_config_path")
+                self.rollout = ToolAgentLoop(self.rollout, self.tokenizer, multi_turn,
+                                             load_tools(tools_file) if tools_file else {})
         if self._is_ref and self.lora is not None and self.actor_engine is not None:
             # The reference policy is the actor with its adapter switched off: no second copy of the weights.
             self.ref_engine = self.actor_engine

@@ -522,8 +522,8 @@ def test_dynamic_sampling_settings():
 
 def test_features_not_implemented_are_never_silently_ignored(caplog):
     # a feature that changes what is learned is an error ...
-    message = problems("actor_rollout_ref.rollout.multi_turn.enable=true")
-    assert "- actor_rollout_ref.rollout.multi_turn.enable: is set to true, but multi-turn" in message
+    message = problems("algorithm.use_pf_ppo=true")
+    assert "- algorithm.use_pf_ppo: is set to true, but policy-filtration PPO" in message
     # ... a speed or memory knob is a warning that names the key
     with caplog.at_level(logging.WARNING, logger="verl.config"):
         warnings = validate("actor_rollout_ref.model.use_liger=true")
@@ -554,6 +554,20 @@ def test_sandbox_fusion_keys_say_code_runs_in_the_local_sandbox(caplog):
     with caplog.at_level(logging.WARNING, logger="verl.config"):
         warnings = validate("reward_model.sandbox_fusion.url=http://localhost:8080/run_code")
     assert any(w.startswith("reward_model.sandbox_fusion.url: ") and "run in the local sandbox" in w for w in warnings)
+
+
+def test_multi_turn_mistakes_stop_before_any_worker(tmp_path):
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    message = problems(f"{mt}.enable=true", f"{mt}.tool_config_path={tmp_path}/tools.yaml",
+                       f"{mt}.interaction_config_path=x.yaml", f"{mt}.max_assistant_turns=0")
+    assert "- data.return_raw_chat: must be True with actor_rollout_ref.rollout.multi_turn.enable=true" in message
+    assert f"- {mt}.tool_config_path: {mt}.tool_config_path='{tmp_path}/tools.yaml': no such file" in message
+    assert f"- {mt}.interaction_config_path: simulated users (interactions) are not implemented" in message
+    assert f"- {mt}.max_assistant_turns: must be a positive integer" in message
+    (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: verl.tools.code_interpreter.NoSuchTool\n"
+                                         "    tool_schema: {function: {name: x}}\n")
+    message = problems(f"{mt}.enable=true", "data.return_raw_chat=true", f"{mt}.tool_config_path={tmp_path}/tools.yaml")
+    assert "tools[0]: cannot import 'verl.tools.code_interpreter.NoSuchTool'" in message
 
 
 def test_local_backend_has_one_worker_and_no_pools():

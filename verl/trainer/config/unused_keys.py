@@ -53,7 +53,6 @@ def check_other_backend_keys(run: Run) -> Iterator[Issue]:
 # would change: a feature that changes what is learned is an error, a speed/memory knob a warning.
 # Remove a key from here in the change that implements it.
 _NOT_IMPLEMENTED_ERRORS = {
-    f"{ROLLOUT}.multi_turn.enable": "multi-turn / tool-calling rollouts",
     "algorithm.use_pf_ppo": "policy-filtration PPO",
     "data.custom_cls.path": "custom dataset classes",
     "data.sampler.class_path": "custom samplers",

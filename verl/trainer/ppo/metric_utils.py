@@ -96,6 +96,28 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
                                  ("prompt_length", prompt_length, prompt_mask.shape[-1])):
         metrics.update(_mean_max_min(name, lengths))
         metrics[f"{name}/clip_ratio"] = (lengths == limit).double().mean().item() if lengths.numel() else math.nan
+    metrics.update(agent_loop_metrics(batch))
+    return metrics
+
+
+def agent_loop_metrics(batch: DataProto) -> dict[str, float]:
+    """Multi-turn rollouts (their per-sample ``__*__`` columns): ``agent_loop/num_turns/*`` (messages after
+    the prompt), ``agent_loop/tool_calls/*``, ``agent_loop/tool_errors/mean``, ``agent_loop/tool_time_s/mean``,
+    ``agent_loop/tool_reward/mean`` and ``agent_loop/response_length_with_tools/mean`` (tool results and
+    template tokens included; ``response_length/*`` counts only the model's own tokens)."""
+    columns = batch.non_tensor_batch
+    if "__num_turns__" not in columns:
+        return {}
+    as_tensor = lambda key: torch.as_tensor(np.asarray(columns[key], dtype=np.float64))  # noqa: E731
+    metrics = {}
+    metrics.update(_mean_max_min("agent_loop/num_turns", as_tensor("__num_turns__")))
+    metrics.update(_mean_max_min("agent_loop/tool_calls", as_tensor("__tool_calls__")))
+    for key, name in (("__tool_errors__", "tool_errors"), ("__tool_seconds__", "tool_time_s"),
+                      ("__tool_reward__", "tool_reward")):
+        metrics[f"agent_loop/{name}/mean"] = as_tensor(key).mean().item()
+    response_len = batch.batch["responses"].shape[-1]
+    with_tools = batch.batch["attention_mask"][:, -response_len:].sum(-1).double()
+    metrics["agent_loop/response_length_with_tools/mean"] = with_tools.mean().item()
     return metrics
 
 
