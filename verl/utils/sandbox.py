@@ -151,12 +151,13 @@ def _interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
-def _drop_privileges() -> None:
-    os.setsid()
-    if os.getuid() == 0:  # root is exempt from the process limit and could read everything: run as nobody
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+def _privileges() -> dict:
+    """Popen arguments: a new session (one process group to kill), and as root the uid/gid of nobody (root
+    is exempt from the process limit and could read everything). Done by Popen itself, not a preexec_fn:
+    Python code between fork and exec crashes in a process with threads (a Ray driver has many)."""
+    if os.getuid() != 0:
+        return {"start_new_session": True}
+    return {"start_new_session": True, "user": NOBODY, "group": NOBODY, "extra_groups": []}
 
 
 def _readonly_paths(python: str) -> list[str]:
@@ -217,7 +218,7 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits
 def _communicate(command: list[str], stdin: str, limits: SandboxLimits) -> SandboxResult:
     start = time.monotonic()
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_drop_privileges, close_fds=True, cwd="/")
+                            close_fds=True, cwd="/", **_privileges())
     overflow = threading.Event()
     chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
 
