@@ -427,9 +427,9 @@ def scripted_agent_engine():
 
     from verl.workers.rollout import base
 
-    if "scripted_agent" not in base._ROLLOUTS:
-        register_rollout("scripted_agent")(ScriptedAgent)
-    return "scripted_agent"
+    register_rollout("scripted_agent")(ScriptedAgent)
+    yield "scripted_agent"
+    del base._ROLLOUTS["scripted_agent"]  # other tests list the built-in engines
 
 
 def test_multi_turn_grpo_runs_tool_calls_and_trains_on_the_models_tokens(gsm8k_setup, tmp_path, monkeypatch,
