@@ -461,3 +461,18 @@ def test_multi_turn_grpo_runs_tool_calls_and_trains_on_the_models_tokens(gsm8k_s
     assert data["agent_loop/response_length_with_tools/mean"] > data["response_length/mean"] > 0
     assert data["critic/score/mean"] == 1.0  # every response holds the tool's output before its answer
     assert math.isfinite(data["actor/pg_loss"])
+
+
+def test_step_time_leaves_out_validation_and_checkpoints(gsm8k_setup, varied_reward, tmp_path, monkeypatch):
+    """timing_s/step and perf/throughput measure the training step only, as the original's do."""
+    import time
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    monkeypatch.setattr(RayPPOTrainer, "_validate", lambda self: time.sleep(3) or {})
+    _, records = run(gsm8k_setup, tmp_path, "timers", *GRPO, *varied_reward, "trainer.backend=local",
+                     "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.test_freq=1",
+                     monkeypatch=monkeypatch)
+    data = records[0]["data"]
+    assert data["timing_s/testing"] >= 3 > data["timing_s/step"] and data["timing_s/save_checkpoint"] > 0
+    assert data["perf/time_per_step"] == data["timing_s/step"]

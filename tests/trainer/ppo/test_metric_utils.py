@@ -50,8 +50,8 @@ def test_data_metrics_hand_computed():
         "critic/advantages/mean": 7 / 6, "critic/advantages/max": 4.0, "critic/advantages/min": -2.0,
         "critic/returns/mean": 10 / 6, "critic/returns/max": 3.0, "critic/returns/min": 1.0,
         "critic/values/mean": 10 / 6, "critic/values/max": 3.0, "critic/values/min": 1.0,
-        # Var(returns) = 8/9, residuals 0,0,0,-1,0,1 -> Var = 1/3; 1 - (1/3)/(8/9) = 5/8
-        "critic/vf_explained_var": 0.625,
+        # sample variances: returns 16/15, residuals 0,0,0,-1,0,1 -> 2/5; 1 - (2/5)/(16/15 + 1e-5)
+        "critic/vf_explained_var": 1 - 0.4 / (16 / 15 + 1e-5),
         "response_length/mean": 3.0, "response_length/max": 4.0, "response_length/min": 2.0,
         "response_length/clip_ratio": 0.5,
         "prompt_length/mean": 2.5, "prompt_length/max": 3.0, "prompt_length/min": 2.0,
@@ -76,11 +76,15 @@ def test_response_mask_falls_back_to_attention_mask():
     assert compute_data_metrics(batch)["response_length/mean"] == 3.0
 
 
-def test_explained_variance_edge_cases():
-    r = torch.tensor([1.0, 2.0, 3.0])
+def test_explained_variance_by_hand():
+    r = torch.tensor([1.0, 2.0, 3.0])  # sample variance 1
     assert explained_variance(r, r) == 1.0
-    assert explained_variance(r, torch.full_like(r, 2.0)) == pytest.approx(0.0)
-    assert explained_variance(torch.ones(3), torch.zeros(3)) == 0.0  # constant returns: undefined -> 0
+    assert explained_variance(r, torch.full_like(r, 2.0)) == pytest.approx(1 - 1 / (1 + 1e-5))
+    # values off by [0, 0, 3]: residuals have sample variance 3 -> 1 - 3 / 1.00001
+    assert explained_variance(r, torch.tensor([1.0, 2.0, 0.0])) == pytest.approx(1 - 3 / 1.00001)
+    # constant returns, residual variance 1/3 (values 0, 1, 1 against 1): 1 - (1/3) / 1e-5, not -1e14
+    assert explained_variance(torch.ones(3), torch.tensor([0.0, 1.0, 1.0])) == pytest.approx(1 - (1 / 3) / 1e-5)
+    assert math.isnan(explained_variance(torch.ones(1), torch.zeros(1)))
 
 
 def test_timing_metrics_per_token():
@@ -106,6 +110,11 @@ def test_reduce_metrics():
                           "e": torch.tensor([2.0, 4.0]), "f": np.array([[1.0, 3.0]])})
     assert out["a"] == 3.0 and out["b"] == 3.0 and out["c"] == 1.5 and math.isnan(out["d"])
     assert out["e"] == 3.0 and out["f"] == 2.0
+    # Peaks stay peaks: one entry per rank or mini-batch.
+    out = reduce_metrics({"perf/max_memory_allocated_gb": [3.0, 7.0], "x/min": [4.0, -1.0], "y/max": [1, 5],
+                          "actor/pg_clipfrac_lower": [0.0, 1.0], "timing_min_s": [2.0, 6.0], "maxima": [1.0, 3.0]})
+    assert out == {"perf/max_memory_allocated_gb": 7.0, "x/min": -1.0, "y/max": 5.0,
+                   "actor/pg_clipfrac_lower": 0.5, "timing_min_s": 4.0, "maxima": 2.0}
 
 
 def test_rollout_probs_diff():

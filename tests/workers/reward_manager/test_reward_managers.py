@@ -219,3 +219,33 @@ def test_dapo_validates_the_buffer_length(tiny_tokenizer):
         DAPORewardManager(tiny_tokenizer, 0, max_resp_len=8, overlong_buffer_cfg={"enable": True, "len": 16})
     with pytest.raises(ValueError, match="max_response_length"):
         DAPORewardManager(tiny_tokenizer, 0, overlong_buffer_cfg={"enable": True, "len": 4})
+
+
+@pytest.mark.parametrize("returned, expected", [
+    ("0.5", r"returned '0.5' \(str\) for sample 0 of the batch; a reward must be a number"),
+    (None, r"returned None \(NoneType\) for sample 0"),
+    ({"score": "1"}, r"returned '1' \(str\)"),
+    ([1.0], r"returned \[1.0\] \(list\)"),
+    (float("nan"), r"returned nan for sample 0 of the batch; rewards must be finite"),
+])
+def test_a_reward_that_is_not_a_number_stops_the_run(tiny_tokenizer, returned, expected):
+    data = make_batch(tiny_tokenizer, ["What is 8*9?"], ["#### 72"], ["72"])
+    manager = NaiveRewardManager(tiny_tokenizer, num_examine=0, compute_score=lambda **kw: returned)
+    with pytest.raises((TypeError, ValueError), match=r"compute_score \(data_source='openai/gsm8k'\) " + expected):
+        manager(data)
+
+
+def test_numpy_and_bool_rewards_are_numbers(tiny_tokenizer):
+    import numpy as np
+
+    data = make_batch(tiny_tokenizer, ["a", "b"], ["x", "y"], ["1", "2"])
+    for value, expected in ((np.float32(0.25), 0.25), (True, 1.0), (torch.tensor(0.5), 0.5)):
+        reward = NaiveRewardManager(tiny_tokenizer, num_examine=0, compute_score=lambda **kw: value)(data)
+        assert reward.sum(-1).tolist() == [expected, expected]
+
+
+def test_a_row_without_ground_truth_stops_the_run(tiny_tokenizer):
+    data = make_batch(tiny_tokenizer, ["What is 8*9?", "b"], ["#### 72", "y"], ["72", None])
+    with pytest.raises(ValueError, match=r"sample 1 of the batch \(dataset row index None\) has "
+                                         r"reward_model.ground_truth None"):
+        NaiveRewardManager(tiny_tokenizer, num_examine=0)(data)

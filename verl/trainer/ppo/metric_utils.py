@@ -48,18 +48,17 @@ def _mean_max_min(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
-    """1 − Var(returns − values) / Var(returns) (population variances of 1-D tensors).
+    """1 − Var(returns − values) / (Var(returns) + 1e-5), sample variances, as the original computes
+    ``critic/vf_explained_var``.
 
-    1 is a perfect critic, 0 one no better than predicting the mean return; it can be negative.
-    Defined as 0 when the returns do not vary (or are empty), where the ratio is undefined.
+    1 is a perfect critic, 0 one no better than predicting the mean return; it can be negative. The
+    1e-5 keeps near-constant returns (e.g. a batch where every response scored the same) from dividing
+    by ~0: the value is then about −Var(returns − values)·1e5, not ±1e14. NaN with fewer than 2 tokens.
     """
-    returns, values = returns.double(), values.double()
-    if returns.numel() == 0:
-        return 0.0
-    var_returns = returns.var(unbiased=False)
-    if var_returns.item() == 0.0:
-        return 0.0
-    return (1.0 - (returns - values).var(unbiased=False) / var_returns).item()
+    returns, values = returns.double().reshape(-1), values.double().reshape(-1)
+    if returns.numel() < 2:
+        return math.nan
+    return (1.0 - (returns - values).var() / (returns.var() + 1e-5)).item()
 
 
 def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
@@ -160,9 +159,20 @@ def compute_throughput_metrics(batch: DataProto, timing_raw: Mapping[str, float]
 
 
 
+def _reducer(key: str):
+    """max for a key whose last part names a maximum (``.../max``, ``max_*``, ``*_max``), min likewise,
+    else the mean: a peak over mini-batches or ranks must stay a peak."""
+    name = key.rsplit("/", 1)[-1]
+    for word, fn in (("max", np.max), ("min", np.min)):
+        if name == word or name.startswith(word + "_") or name.endswith("_" + word):
+            return fn
+    return np.mean
+
+
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The mean of each list (e.g. one entry per mini-batch from ``meta_info["metrics"]``); scalars
-    pass through as floats; an empty list gives NaN."""
+    """One number per list (e.g. one entry per mini-batch from ``meta_info["metrics"]``): the mean, or
+    the max/min for keys naming a maximum/minimum (``perf/max_memory_allocated_gb``, ``.../max``);
+    scalars pass through as floats; an empty list gives NaN."""
     reduced: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, torch.Tensor):
@@ -171,7 +181,7 @@ def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
             value = value.astype(np.float64).reshape(-1).tolist()
         if isinstance(value, (list, tuple)):
             arr = np.asarray([float(v) for v in value], dtype=np.float64)
-            reduced[key] = float(arr.mean()) if arr.size else math.nan
+            reduced[key] = float(_reducer(key)(arr)) if arr.size else math.nan
         else:
             reduced[key] = float(value)
     return reduced

@@ -338,15 +338,17 @@ class RayPPOTrainer:
             if config.trainer.rollout_data_dir:
                 dump_generations(self.tokenizer, batch, scores.sum(-1), self.global_steps,
                                  config.trainer.rollout_data_dir)
-            is_last_step = self.global_steps >= self.total_training_steps
-            test_freq = config.trainer.test_freq
-            if self.val_dataset is not None and test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0):
-                with simple_timer("testing", timing_raw):
-                    metrics.update(self._validate())
-            save_freq = config.trainer.save_freq
-            if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
-                with simple_timer("save_checkpoint", timing_raw):
-                    self._save_checkpoint()
+        # Validation and checkpoints are timed on their own (timing_s/testing, timing_s/save_checkpoint),
+        # outside the step: timing_s/step and perf/throughput measure training, as the original's do.
+        is_last_step = self.global_steps >= self.total_training_steps
+        test_freq = config.trainer.test_freq
+        if self.val_dataset is not None and test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0):
+            with simple_timer("testing", timing_raw):
+                metrics.update(self._validate())
+        save_freq = config.trainer.save_freq
+        if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
+            with simple_timer("save_checkpoint", timing_raw):
+                self._save_checkpoint()
 
         metrics.update({"training/global_step": self.global_steps, "training/epoch": self.train_sampler.epoch})
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))

@@ -49,4 +49,4 @@ class BatchRewardManager(NaiveRewardManager):
         if len(results) != len(samples):
             raise ValueError(f"the batch compute_score returned {len(results)} scores for a batch of "
                              f"{len(samples)} samples; it must return exactly one per sample, in order")
-        return [split_result(result, i) for i, result in enumerate(results)]
+        return [split_result(result, i, "the batch compute_score") for i, result in enumerate(results)]

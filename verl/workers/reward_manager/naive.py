@@ -10,6 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from verl.utils.reward_score import default_compute_score
@@ -65,6 +66,11 @@ def decode_samples(data, tokenizer, reward_fn_key: str = "data_source") -> list[
         if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
             raise ValueError(f"row {i}: non_tensor_batch['reward_model'] must be a dict with a "
                              f"'ground_truth' key, got {reward_model!r}")
+        if reward_model["ground_truth"] is None:
+            index = data.non_tensor_batch["index"][i] if "index" in data.non_tensor_batch else None
+            raise ValueError(f"sample {i} of the batch (dataset row index {index}) has reward_model.ground_truth "
+                             "None: a rule reward has nothing to compare with, and scoring it 0 would train on a "
+                             "wrong signal. Fix or drop that row of the data file")
         samples.append(ScoringInput(
             prompt=tokenizer.decode(prompt_ids.tolist(), skip_special_tokens=True),
             response=tokenizer.decode(response_ids.tolist(), skip_special_tokens=True),
@@ -76,15 +82,31 @@ def decode_samples(data, tokenizer, reward_fn_key: str = "data_source") -> list[
     return samples
 
 
-def split_result(result, index: int) -> tuple[float, dict]:
-    """A scorer's result for sample ``index`` as ``(reward, extra_info)``; a dict result must carry
-    its reward under ``score``."""
+def _number(value) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Real) or (isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0
+                                               and not isinstance(value.tolist(), (str, bytes)))
+
+
+def split_result(result, index: int, where: str = "the scoring function") -> tuple[float, dict]:
+    """A scorer's result for sample ``index`` as ``(reward, extra_info)``. Only a real number (int,
+    float, bool, a 0-d numpy/torch value) or a dict holding one under ``score`` is a reward: a string,
+    None or anything else stops the run, naming ``where`` the result came from and the sample."""
+    score = result
     if isinstance(result, dict):
         if "score" not in result:
-            raise ValueError(f"the scoring function returned a dict without a 'score' key for sample "
-                             f"{index} of the batch (keys: {sorted(result)})")
-        return float(result["score"]), dict(result)
-    return float(result), {}
+            raise ValueError(f"{where} returned a dict without a 'score' key for sample {index} of the batch "
+                             f"(keys: {sorted(result)}); put the reward under 'score'")
+        score = result["score"]
+    if not _number(score):
+        raise TypeError(f"{where} returned {score!r} ({type(score).__name__}) for sample {index} of the batch; a "
+                        "reward must be a number (or a dict with a numeric 'score'). Return a float, e.g. "
+                        "float(correct)")
+    value = float(score)
+    if not np.isfinite(value):
+        raise ValueError(f"{where} returned {value} for sample {index} of the batch; rewards must be finite")
+    return value, dict(result) if isinstance(result, dict) else {}
 
 
 @register("naive")
@@ -142,7 +164,7 @@ class NaiveRewardManager:
                     f"compute_score raised {type(exc).__name__}: {exc} (data_source={sample.data_source!r}, "
                     f"sample {i} of the batch, ground_truth={sample.ground_truth!r}, response starts "
                     f"{sample.response[:200]!r})") from exc
-            results.append(split_result(result, i))
+            results.append(split_result(result, i, f"compute_score (data_source={sample.data_source!r})"))
         return results
 
     @staticmethod
