@@ -30,6 +30,7 @@ from verl.trainer.config.compose import compose_ppo_config, default_ppo_values
 # added to checks.py (or unused_keys.py) and listed here.
 CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
     checks.check_required,
+    checks.check_model_folders,
     checks.check_choices,
     checks.check_registered_names,
     checks.check_kl_estimators,

@@ -570,6 +570,29 @@ def test_multi_turn_mistakes_stop_before_any_worker(tmp_path):
     assert "tools[0]: cannot import 'verl.tools.code_interpreter.NoSuchTool'" in message
 
 
+def test_broken_model_folders_are_named_before_anything_starts(tiny_qwen2_dir, tmp_path):
+    import shutil
+
+    key = "actor_rollout_ref.model.path"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert f"- {key}: '{empty}' holds no config.json: it is not a Hugging Face model folder" in problems(
+        f"{key}={empty}")
+    assert f"- {key}: '{tmp_path}/missing': no such folder" in problems(f"{key}={tmp_path}/missing")
+    no_tokenizer = tmp_path / "no_tokenizer"
+    shutil.copytree(tiny_qwen2_dir, no_tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        (no_tokenizer / name).unlink(missing_ok=True)
+    assert f"- {key}: '{no_tokenizer}' holds no tokenizer files" in problems(f"{key}={no_tokenizer}")
+    # ... fine when the tokenizer comes from elsewhere; a folder without weights is named too
+    validate(f"{key}={no_tokenizer}", f"actor_rollout_ref.model.tokenizer_path={tiny_qwen2_dir}",
+             f"critic.model.path={tiny_qwen2_dir}")
+    for weights in no_tokenizer.glob("*.safetensors"):
+        weights.unlink()
+    message = problems(f"{key}={no_tokenizer}", f"actor_rollout_ref.model.tokenizer_path={tiny_qwen2_dir}")
+    assert f"- {key}: '{no_tokenizer}' holds no weights" in message
+
+
 def test_local_backend_has_one_worker_and_no_pools():
     message = problems("trainer.backend=local", "trainer.n_gpus_per_node=2", "critic.enable_resource_pool=true")
     assert "- trainer.n_gpus_per_node: is 2, but the local backend runs one worker in this process" in message

@@ -385,6 +385,46 @@ def check_required(run: Run) -> Iterator[Issue]:
                                                    "Point it at the Python file that defines your reward function")
 
 
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "spiece.model")
+
+
+def check_model_folders(run: Run) -> Iterator[Issue]:
+    """Local model folders hold what loading them needs: config.json, weights and (where a tokenizer is
+    read from them) tokenizer files, named in the error instead of a confusing failure in a worker.
+    Hub ids ("org/name" that is not a folder here) are left to the loader."""
+    from verl.models.loader import _looks_local
+
+    wanted = [(f"{AR}.model.path", not run.get(f"{AR}.model.tokenizer_path")),
+              (f"{AR}.model.tokenizer_path", True)]
+    if run.uses_critic:
+        wanted += [("critic.model.path", not run.get("critic.model.tokenizer_path")),
+                   ("critic.model.tokenizer_path", True)]
+    if run.uses_reward_model:
+        wanted += [("reward_model.model.path", False)]
+    for key, needs_tokenizer in wanted:
+        path = run.get(key)
+        if not isinstance(path, str) or not path or not _looks_local(path):
+            continue
+        folder = os.path.expanduser(path)
+        if not os.path.isdir(folder):
+            yield error(key, f"{path!r}: no such folder. Give the folder of a Hugging Face model (download one "
+                             "with `huggingface-cli download ID --local-dir DIR`)")
+            continue
+        names = os.listdir(folder)
+        tokenizer_only = key.endswith("tokenizer_path")
+        if not tokenizer_only and "config.json" not in names:
+            yield error(key, f"{path!r} holds no config.json: it is not a Hugging Face model folder (an interrupted "
+                             "download, or the folder above the model?)")
+            continue
+        if not tokenizer_only and not any(n.endswith(_WEIGHT_FILES) for n in names):
+            yield error(key, f"{path!r} holds no weights (model.safetensors, pytorch_model.bin or shards): the "
+                             "download is incomplete, or only the config was saved")
+        if needs_tokenizer and not any(n in names for n in _TOKENIZER_FILES):
+            yield error(key, f"{path!r} holds no tokenizer files ({', '.join(_TOKENIZER_FILES[:3])}, ...): save the "
+                             "tokenizer with the model, or point the tokenizer_path key at a folder that has one")
+
+
 _POSITIVE = (
     "data.train_batch_size", "data.gen_batch_size", "data.max_prompt_length", "data.max_response_length",
     f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_epochs", f"{ACTOR}.ppo_max_token_len_per_gpu",
