@@ -133,16 +133,16 @@ def test_grpo_passk_rejects_singleton_groups():
 
 def test_rloo_is_score_minus_mean_of_others():
     adv, _ = core_algos.compute_rloo_outcome_advantage(GROUP_REWARDS, GROUP_MASK, GROUP_INDEX)
-    # a: 1 - (0 + 2)/2, 0 - (1 + 2)/2, 2 - (1 + 0)/2; singleton b -> 0
-    assert_close(adv, per_token([1 - 1, 0 - 1.5, 2 - 0.5, 0]))
+    # a: 1 - (0 + 2)/2, 0 - (1 + 2)/2, 2 - (1 + 0)/2; singleton b keeps its raw score 3
+    assert_close(adv, per_token([1 - 1, 0 - 1.5, 2 - 0.5, 3]))
     # the k/(k-1) form gives the same: (R - mean) * 3/2
     assert_close(adv[:3, 0], [(1 - 1) * 1.5, (0 - 1) * 1.5, (2 - 1) * 1.5])
 
 
 def test_opo_uses_a_length_weighted_baseline():
     adv, _ = core_algos.compute_opo_outcome_advantage(GROUP_REWARDS, GROUP_MASK, GROUP_INDEX)
-    # a: lengths 2, 1, 2 -> baseline (2*1 + 1*0 + 2*2) / 5 = 1.2; singleton b -> 0
-    assert_close(adv, per_token([1 - 1.2, 0 - 1.2, 2 - 1.2, 0]))
+    # a: lengths 2, 1, 2 -> baseline (2*1 + 1*0 + 2*2) / 5 = 1.2; singleton b keeps its raw score 3
+    assert_close(adv, per_token([1 - 1.2, 0 - 1.2, 2 - 1.2, 3]))
 
 
 def test_gpg_scales_by_share_of_nonzero_scores():

@@ -9,8 +9,8 @@ Conventions shared by all functions:
 - R is the sequence score, the sum of ``token_level_rewards`` over the response.
 - Advantages and returns are 0 wherever ``response_mask`` is 0.
 - A group with a single sample has no baseline of its own: ``grpo``, ``gpg`` and
-  ``reinforce_plus_plus_baseline`` use mean 0 (and std 1), ``rloo`` and ``opo`` give advantage 0,
-  ``grpo_passk`` raises.
+  ``reinforce_plus_plus_baseline`` use mean 0 (and std 1), ``rloo`` and ``opo`` keep the raw score
+  (as the original), ``grpo_passk`` raises.
 
 Estimators and policy losses live in registries, so the trainer selects them by their config name
 (``algorithm.adv_estimator``, ``actor.policy_loss.loss_mode``) and users can add their own with

@@ -233,12 +233,12 @@ def compute_rloo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): A = R·k/(k−1) − mean_g·k/(k−1) = R − mean of the other k−1.
 
-    A singleton group (k=1) has no "others" and gets A = 0 (the original verl leaves the raw score,
-    which is an unbaselined REINFORCE term for that one sample). Returns = advantages.
+    A singleton group (k=1) has no "others": A = R, the raw score (an unbaselined REINFORCE term for
+    that sample), as the original does. Returns = advantages.
     """
     scores = token_level_rewards.sum(dim=-1)
     k, mean, _ = _group_stats(scores, index)
-    adv = torch.where(k > 1, (scores - mean) * k / (k - 1).clamp(min=1), 0.0)
+    adv = torch.where(k > 1, (scores - mean) * k / (k - 1).clamp(min=1), scores)
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
 
@@ -265,7 +265,7 @@ def compute_opo_outcome_advantage(
     """OPO (Hao et al. 2025), length-weighted baseline: A = R − Σ_i len_i·R_i / Σ_i len_i.
 
     The sums run over the group, len_i is the number of valid response tokens of sample i.
-    A singleton group gets A = 0. Returns = advantages.
+    A singleton group has no baseline: A = R, the raw score, as the original does. Returns = advantages.
     """
     scores = token_level_rewards.sum(dim=-1)
     lengths = response_mask.sum(dim=-1).to(scores.dtype)
@@ -275,7 +275,7 @@ def compute_opo_outcome_advantage(
     total_len = zeros.index_add(0, gid, lengths)[gid]
     count = zeros.index_add(0, gid, torch.ones_like(scores))[gid]
     baseline = weighted / total_len.clamp(min=1)
-    adv = torch.where(count > 1, scores - baseline, 0.0)
+    adv = torch.where(count > 1, scores - baseline, scores)
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
 
