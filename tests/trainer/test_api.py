@@ -440,9 +440,11 @@ def test_fit_reports_config_problems_before_starting_anything(fake_run_ppo):
     assert fake_run_ppo == []
 
 
-def test_fit_validates_then_runs_the_config(fake_run_ppo):
+def test_fit_validates_then_runs_the_config(fake_run_ppo, tiny_qwen2_dir, tmp_path):
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")  # the pre-flight check only needs it to exist
     trainer = PPOTrainer(
-        actor_model_name="/models/a", train_files="/d/train.parquet", adv_estimator="grpo",
+        actor_model_name=tiny_qwen2_dir, train_files=str(train), adv_estimator="grpo",
         data=DataConfig(train_batch_size=4),
         actor_rollout_ref=ActorRolloutRefConfig(
             actor=ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),

@@ -120,8 +120,12 @@ class PPOTrainer:
         return validate_config(self.config, n_devices=n_devices)
 
     def fit(self) -> Any:
-        """Validate, then train: ``verl.trainer.main_ppo.run_ppo(self.config)``; returns what it returns."""
+        """Validate (the config, then the files and machine it needs: :mod:`verl.trainer.preflight`), then
+        train: ``verl.trainer.main_ppo.run_ppo(self.config)``; returns what it returns."""
         self.validate()
+        from verl.trainer.preflight import preflight
+
+        preflight(self.config)
         from verl.trainer.main_ppo import run_ppo
 
         return run_ppo(self.config)

@@ -9,7 +9,8 @@
 deprecated key, ...) go to the ``verl.config`` logger and are returned. The checks themselves live in
 `verl.trainer.config.checks`.
 
-Check a command line without running anything (exit code 0 when valid, 1 otherwise)::
+Check a command line without running anything (exit code 0 when valid, 1 otherwise; the CLI also runs
+`verl.trainer.preflight`: data files, GPU, resume folder)::
 
     python -m verl.trainer.config_validation data.train_files=train.parquet actor_rollout_ref.model.path=MODEL ...
 """
@@ -107,8 +108,12 @@ def _count_devices(run: Run, n_devices: int | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Compose and validate a command line without running anything; 0 when it is valid, else 1."""
     args = sys.argv[1:] if argv is None else list(argv)
+    from verl.trainer.preflight import preflight
+
     try:
-        validate_config(compose_ppo_config(args))
+        config = compose_ppo_config(args)
+        validate_config(config)
+        preflight(config)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1

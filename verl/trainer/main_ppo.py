@@ -13,6 +13,7 @@ import sys
 from omegaconf import OmegaConf
 
 from verl.trainer.config_validation import ConfigError, compose_ppo_config, validate_config
+from verl.trainer.preflight import preflight
 from verl.utils.logging_utils import configure_logging
 
 
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = compose_ppo_config(sys.argv[1:] if argv is None else argv)
         validate_config(config)
+        preflight(config)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1

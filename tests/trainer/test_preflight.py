@@ -1,0 +1,52 @@
+"""The pre-flight check: files and machine facts a run needs, reported before anything starts."""
+
+import pytest
+
+from verl.trainer.config import ConfigError
+from verl.trainer.config_validation import compose_ppo_config
+from verl.trainer.main_ppo import main
+from verl.trainer.preflight import preflight, preflight_errors
+
+
+def config(*overrides):
+    return compose_ppo_config(["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *overrides])
+
+
+def test_missing_files_gpu_and_resume_folder_are_named(tmp_path):
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")
+    errors = preflight_errors(config(f"data.train_files=[{train},{tmp_path}/more.parquet]",
+                                     f"data.val_files={tmp_path}/test.parquet", "trainer.device=cuda",
+                                     "trainer.resume_mode=resume_path",
+                                     f"trainer.resume_from_path={tmp_path}/global_step_7"), cuda_available=False)
+    assert errors == [
+        f"data.train_files: '{tmp_path}/more.parquet' does not exist. Give the parquet file(s) the preprocessing "
+        "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)",
+        f"data.val_files: '{tmp_path}/test.parquet' does not exist. Give the parquet file(s) the preprocessing "
+        "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)",
+        "trainer.device: is cuda, but this machine has no visible GPU (torch.cuda.is_available() is False). Set "
+        "trainer.device=cpu to train on the CPU, or check CUDA_VISIBLE_DEVICES and the driver",
+        f"trainer.resume_from_path: '{tmp_path}/global_step_7' does not exist. Give a checkpoint folder "
+        "(.../global_step_N) or use trainer.resume_mode=auto",
+    ]
+    (tmp_path / "global_step_7").mkdir()
+    errors = preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu", "trainer.resume_mode=resume_path",
+                                     f"trainer.resume_from_path={tmp_path}/global_step_7"))
+    assert errors == [f"trainer.resume_from_path: '{tmp_path}/global_step_7' holds no actor/ checkpoint: it is not "
+                      "a global_step_N folder written by this trainer"]
+    preflight(config(f"data.train_files={train}", "trainer.device=cuda"), cuda_available=True)
+    with pytest.raises(ConfigError, match="Cannot start"):
+        preflight(config(f"data.train_files={train}", "trainer.device=cuda"), cuda_available=False)
+
+
+def test_joining_a_cluster_skips_the_local_gpu_check(tmp_path, monkeypatch):
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # the GPUs are on the cluster's nodes
+    assert preflight_errors(config(f"data.train_files={train}", "trainer.device=cuda"), cuda_available=False) == []
+
+
+def test_main_ppo_stops_before_starting_anything(tmp_path, capsys):
+    assert main([f"data.train_files={tmp_path}/nope.parquet", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B",
+                 "trainer.device=cpu", "trainer.n_gpus_per_node=1"]) == 1
+    assert f"- data.train_files: '{tmp_path}/nope.parquet' does not exist" in capsys.readouterr().err
