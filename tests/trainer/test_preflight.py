@@ -31,7 +31,8 @@ def test_missing_files_gpu_and_resume_folder_are_named(tmp_path):
     ]
     (tmp_path / "global_step_7").mkdir()
     errors = preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu",
-                                     "trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp_path}/global_step_7"))
+                                     "trainer.resume_mode=resume_path",
+                                     f"trainer.resume_from_path={tmp_path}/global_step_7"))
     assert errors == [f"trainer.resume_from_path: '{tmp_path}/global_step_7' holds no actor/ checkpoint: it is not "
                       "a global_step_N folder written by this trainer"]
     preflight(config(f"data.train_files={train}", "trainer.device=cuda"), cuda_available=True)
