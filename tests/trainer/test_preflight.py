@@ -51,3 +51,33 @@ def test_main_ppo_stops_before_starting_anything(tmp_path, capsys):
     assert main([f"data.train_files={tmp_path}/nope.parquet", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B",
                  "trainer.device=cpu", "trainer.n_gpus_per_node=1"]) == 1
     assert f"- data.train_files: '{tmp_path}/nope.parquet' does not exist" in capsys.readouterr().err
+
+
+def test_ctrl_c_and_a_full_disk_end_with_what_to_do(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo import checkpointing
+
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")
+    args = [f"data.train_files={train}", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B", "trainer.device=cpu",
+            "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={tmp_path}/ckpt"]
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(main_ppo, "run_ppo", interrupted)
+    assert main(args) == 130
+    assert "Training interrupted. No complete checkpoint was written yet" in capsys.readouterr().err
+
+    (tmp_path / "ckpt" / "global_step_4").mkdir(parents=True)
+    checkpointing.mark_complete(str(tmp_path / "ckpt"), 4)
+
+    def disk_full(config):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(main_ppo, "run_ppo", disk_full)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "The disk is full" in err and f"The last complete checkpoint is {tmp_path}/ckpt/global_step_4" in err

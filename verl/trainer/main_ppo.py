@@ -8,6 +8,8 @@ cluster is running, or in this process with ``trainer.backend=local``) and runs 
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 
 from omegaconf import OmegaConf
@@ -62,10 +64,32 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run_ppo(config)
-    except (WorkerError, DynamicSamplingError) as e:
-        print(f"\nTraining stopped: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\nTraining interrupted. {_resume_hint(config)}", file=sys.stderr)
+        return 130
+    except (WorkerError, DynamicSamplingError, OSError) as e:
+        message = f"\nTraining stopped: {e}"
+        if "No space left on device" in str(e) or getattr(e, "errno", None) == errno.ENOSPC:
+            message += ("\nThe disk is full. Checkpoints are written under a temporary name and renamed when "
+                        "complete, so the previous one is intact; free space (or set trainer.max_actor_ckpt_to_keep) "
+                        "and run the same command again.")
+        print(message + f"\n{_resume_hint(config)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _resume_hint(config) -> str:
+    from verl.trainer.ppo import checkpointing
+
+    root = str(config.trainer.default_local_dir)
+    try:
+        latest = checkpointing.latest_checkpoint(root) if os.path.isdir(root) else None
+    except (OSError, ValueError):
+        latest = None
+    if latest is None:
+        return "No complete checkpoint was written yet (trainer.save_freq); running the command again starts over."
+    return (f"The last complete checkpoint is {latest}: run the same command again to resume from it "
+            "(trainer.resume_mode=auto).")
 
 
 if __name__ == "__main__":
