@@ -26,13 +26,14 @@ from __future__ import annotations
 import importlib
 import os
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any
 
 __all__ = ["BaseTool", "load_tools"]
 
 
-class BaseTool:
-    """The tool interface (see the module docstring); subclass it and override ``execute``."""
+class BaseTool(ABC):
+    """The tool interface (see the module docstring); subclass it and implement ``execute``."""
 
     def __init__(self, config: dict, tool_schema: dict):
         self.config = dict(config or {})
@@ -48,8 +49,10 @@ class BaseTool:
         self._instances[instance_id] = dict(kwargs)
         return instance_id
 
+    @abstractmethod
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[str, float, dict]:
-        raise NotImplementedError(f"{type(self).__name__}.execute")
+        """Run one call with the model's ``parameters``; return (text for the model, step reward, metrics).
+        A ``metrics["error"]`` of 1 counts the call as a tool error."""
 
     async def calc_reward(self, instance_id: str, **kwargs) -> float:
         return 0.0
