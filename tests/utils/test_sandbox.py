@@ -108,3 +108,25 @@ def test_without_namespaces_nothing_runs(monkeypatch):
 
 def _processes() -> int:
     return sum(1 for name in os.listdir("/proc") if name.isdigit())
+
+
+def test_no_capabilities_so_no_chroot_escape_and_no_remount():
+    code = ("import os\nprint(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+            "for attempt in ('chroot', 'mount'):\n    try:\n"
+            "        if attempt == 'chroot':\n            os.makedirs('/tmp/x'); os.chroot('/tmp/x')\n"
+            "            for _ in range(64): os.chdir('..')\n            os.chroot('.')\n"
+            "            print('escaped', os.listdir('/'))\n"
+            "        else:\n            import ctypes\n            libc = ctypes.CDLL(None, use_errno=True)\n"
+            "            print('remounted' if libc.mount(None, b'/usr', None, 32 | 4096 | 1, None) == 0 "
+            "and libc.mount(None, b'/usr', None, 32 | 4096, None) == 0 else 'refused')\n"
+            "    except OSError as e:\n        print('refused', type(e).__name__)")
+    result = run_python(code, limits=FAST)
+    assert result.ok, result.stderr
+    caps, *attempts = result.stdout.split("\n")[:3]
+    assert caps == "0000000000000000"
+    assert all(line.startswith("refused") for line in attempts), result.stdout
+
+
+def test_a_large_stdin_the_program_never_reads_does_not_stall_the_timeout():
+    result = run_python("import time\ntime.sleep(30)", stdin="1\n" * 200_000, limits=SandboxLimits(wall_seconds=2))
+    assert result.status == "timeout" and result.wall_seconds < 6

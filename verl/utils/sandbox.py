@@ -4,13 +4,16 @@ Each run is its own process tree, isolated with Linux namespaces (``unshare`` fr
 daemon and no package to install):
 
 - a new **network** namespace with no interface up: no sockets reach anything;
-- a new **mount** namespace whose root is a fresh tmpfs holding read-only binds of the system's
-  ``/usr``, ``/etc`` and the interpreter, a fresh ``/proc``, ``/dev/null``-style devices, a
-  size-limited ``/tmp`` and the working directory ``/sandbox`` (also a size-limited tmpfs). Nothing of
+- a new **mount** namespace whose root (``pivot_root``, the old one detached) is a fresh tmpfs
+  holding read-only binds of the system's ``/usr``, ``/etc`` and the interpreter, a fresh ``/proc``,
+  ``/dev/null``-style devices, a size-limited ``/tmp`` and the working directory ``/sandbox`` (also a
+  size-limited tmpfs). Nothing of
   the training process is visible: not the project, the data, the checkpoints or the home directory;
 - a new **PID** namespace: when the run ends (or is killed) every process it started dies with it;
 - a new **user** namespace, entered from an unprivileged uid (``nobody`` when the trainer runs as
-  root), so the process limit applies and nothing outside is writable;
+  root), so the process limit applies and nothing outside is writable; the program runs with no
+  capabilities at all (bounding set emptied, securebits locked, no_new_privs), so it cannot mount,
+  chroot or regain them;
 - resource limits: CPU seconds, address space, processes, file size, open files, no core dumps; a
   wall-clock timeout and a cap on the output read back.
 
@@ -120,11 +123,34 @@ for dev in ("null", "zero", "random", "urandom"):
 os.makedirs(root + "/proc", exist_ok=True)
 mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 shutil.copyfile(cfg["code"], root + "/sandbox/main.py")
-os.chroot(root)
+# Make the tmpfs the root and detach the old one: no path leads back to the host's files (a chroot alone
+# can be left by a process that may call chroot again).
+os.makedirs(root + "/.old", exist_ok=True)
+os.chdir(root)
+if libc.syscall(cfg["pivot_root"], b".", b".old") != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, "pivot_root: " + os.strerror(err))
+os.chroot(".")
+os.chdir("/")
+if libc.umount2(b"/.old", 2) != 0:  # MNT_DETACH
+    err = ctypes.get_errno()
+    raise OSError(err, "umount old root: " + os.strerror(err))
+os.rmdir("/.old")
 os.chdir("/sandbox")
+CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 pid = os.fork()
 if pid == 0:
     os.setsid()
+    # The code runs as this namespace's root: take every capability away for good. Securebits first
+    # (needs CAP_SETPCAP): uid 0 gains nothing at exec, and that cannot be undone; then the bounding
+    # set; no_new_privs for setuid files.
+    if libc.prctl(28, 0x1 | 0x2 | 0x4 | 0x8 | 0x40 | 0x80, 0, 0, 0) != 0:  # PR_SET_SECUREBITS
+        raise OSError(ctypes.get_errno(), "PR_SET_SECUREBITS")
+    for cap in range(CAP_LAST + 1):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
     for limit, value in ((resource.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"] + 1)),
                          (resource.RLIMIT_AS, (cfg["memory"],) * 2), (resource.RLIMIT_NPROC, (cfg["nproc"],) * 2),
                          (resource.RLIMIT_FSIZE, (cfg["fsize"],) * 2), (resource.RLIMIT_NOFILE, (cfg["nofile"],) * 2),
@@ -139,6 +165,10 @@ while True:
         break
 os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 '''
+
+
+# pivot_root has no libc wrapper: its system call number per architecture.
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 
 
 def _interpreter() -> str:
@@ -203,6 +233,7 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits
         os.makedirs(os.path.join(work, "root"), mode=0o755)
         os.chmod(os.path.join(work, "root"), 0o777)
         config = {"root": os.path.join(work, "root"), "code": code_file, "python": python,
+                  "pivot_root": _PIVOT_ROOT[os.uname().machine],
                   "ro": _readonly_paths(python), "cpu": int(limits.cpu_seconds),
                   "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
                   "fsize": int(limits.max_file_mb) << 20, "nofile": int(limits.max_open_files),
@@ -239,11 +270,15 @@ def _communicate(command: list[str], stdin: str, limits: SandboxLimits) -> Sandb
     readers = [threading.Thread(target=read, args=(name, getattr(proc, name)), daemon=True) for name in chunks]
     for reader in readers:
         reader.start()
-    try:
-        proc.stdin.write(stdin.encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
+    def feed() -> None:  # a thread: a program that never reads a large stdin must not stall the timeout
+        try:
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
     timed_out = False
     try:
         proc.wait(timeout=limits.wall_seconds)
@@ -251,14 +286,16 @@ def _communicate(command: list[str], stdin: str, limits: SandboxLimits) -> Sandb
         timed_out = True
         _kill(proc)
         proc.wait()
-    for reader in readers:
-        reader.join(timeout=5)
+    for thread in (*readers, writer):
+        thread.join(timeout=5)
     stdout, stderr = (b"".join(chunks[n]).decode("utf-8", "replace") for n in ("stdout", "stderr"))
     status, reason = _classify(proc.returncode, stderr, timed_out, overflow.is_set(), limits)
     return SandboxResult(status, proc.returncode, stdout, stderr, reason, time.monotonic() - start)
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    if proc.returncode is not None:  # already reaped: its pid may belong to someone else now
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # unshare and, through --kill-child and the PID namespace, all of it
     except (ProcessLookupError, PermissionError):

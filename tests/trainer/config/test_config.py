@@ -503,11 +503,18 @@ def test_unresolvable_interpolation_names_the_key():
     assert "- critic.model.path: cannot be resolved" in message
 
 
-def test_cli_prints_the_success_line_or_the_problems(capsys):
-    assert main(SEED) == 0
+def test_cli_prints_the_success_line_or_the_problems(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the CLI also runs the pre-flight check: the seed's data files must exist
+    (tmp_path / "data/processed/gsm8k").mkdir(parents=True)
+    for name in ("train", "test"):
+        (tmp_path / f"data/processed/gsm8k/{name}.parquet").write_bytes(b"")
+    assert main([*SEED, "trainer.device=cpu"]) == 0
     assert capsys.readouterr().out.strip() == SUCCESS_LINE
     assert main([*SEED, "trainer.n_gpu_per_node=2"]) == 1
     assert "did you mean trainer.n_gpus_per_node?" in capsys.readouterr().err
+    (tmp_path / "data/processed/gsm8k/test.parquet").unlink()
+    assert main([*SEED, "trainer.device=cpu"]) == 1
+    assert "- data.val_files: 'data/processed/gsm8k/test.parquet' does not exist" in capsys.readouterr().err
 
 
 def test_dynamic_sampling_settings():

@@ -239,7 +239,8 @@ def test_numpy_and_bool_rewards_are_numbers(tiny_tokenizer):
     import numpy as np
 
     data = make_batch(tiny_tokenizer, ["a", "b"], ["x", "y"], ["1", "2"])
-    for value, expected in ((np.float32(0.25), 0.25), (True, 1.0), (torch.tensor(0.5), 0.5)):
+    for value, expected in ((np.float32(0.25), 0.25), (True, 1.0), (torch.tensor(0.5), 0.5), (np.bool_(True), 1.0),
+                            (np.array(0.75), 0.75)):
         reward = NaiveRewardManager(tiny_tokenizer, num_examine=0, compute_score=lambda **kw: value)(data)
         assert reward.sum(-1).tolist() == [expected, expected]
 

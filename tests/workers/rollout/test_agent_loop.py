@@ -69,6 +69,7 @@ def test_a_tool_call_episode_masks_only_the_models_tokens(tiny_tokenizer):
     agent, engine = loop(tiny_tokenizer, [CALL, FINAL])
     out = agent.generate_sequences(prompts(tiny_tokenizer, n=2))
     assert len(out) == 4 and out.batch["responses"].shape == (4, 200)
+    assert out.batch["prompts"].shape[1] == prompts(tiny_tokenizer).batch["input_ids"].shape[1]  # as they came
     turn1 = tiny_tokenizer(CALL)["input_ids"] + [tiny_tokenizer.eos_token_id]
     turn2 = tiny_tokenizer(FINAL)["input_ids"] + [tiny_tokenizer.eos_token_id]
     # What the template puts between them: "\n", the tool message with the result, the next assistant prompt.
@@ -99,6 +100,10 @@ def test_limits_end_episodes(tiny_tokenizer):
     agent, _ = loop(tiny_tokenizer, [CALL, CALL, CALL, FINAL], max_user_turns=1)
     out = agent.generate_sequences(prompts(tiny_tokenizer))
     assert out.non_tensor_batch["__tool_calls__"].tolist() == [1, 1]
+    # ... and the episode ends on the model's own turn (where the reward goes), not on tool tokens
+    assert out.non_tensor_batch["__num_turns__"].tolist() == [3, 3]
+    last = out.batch["attention_mask"][:, -200:].sum(-1) - 1
+    assert out.batch["response_mask"][torch.arange(2), last].tolist() == [1, 1]
     # A response budget too small for the tool result: the episode ends after the call.
     agent, _ = loop(tiny_tokenizer, [CALL, FINAL])
     out = agent.generate_sequences(prompts(tiny_tokenizer, response_length=len(tiny_tokenizer(CALL)["input_ids"]) + 4))
@@ -115,6 +120,24 @@ def test_bad_calls_become_error_messages_for_the_model(tiny_tokenizer):
     agent, _ = loop(tiny_tokenizer, ['<tool_call>{"name": "search"}</tool_call>', FINAL])
     out = agent.generate_sequences(prompts(tiny_tokenizer, rows=1))
     assert "no tool named 'search'" in tiny_tokenizer.decode(out.batch["responses"][0].tolist())
+
+
+def test_a_prompt_longer_than_its_width_once_tools_are_added_is_named(tiny_tokenizer):
+    agent, _ = loop(tiny_tokenizer, [FINAL])
+    batch = prompts(tiny_tokenizer)  # the same rows, 3 columns narrower than the longest prompt
+    narrow = DataProto.from_dict({k: v[:, 3:] for k, v in batch.batch.items()},
+                                 non_tensors=dict(batch.non_tensor_batch), meta_info=dict(batch.meta_info))
+    with pytest.raises(ValueError, match=r"prompt 0 is \d+ tokens once the chat template adds the tool schemas, more "
+                                         r"than data.max_prompt_length=\d+"):
+        agent.generate_sequences(narrow)
+
+
+def test_a_round_groups_episodes_by_the_budget_they_have_used():
+    from verl.workers.rollout.agent_loop import _Episode
+
+    episodes = [_Episode(i, [], [1], {}, response_ids=[0] * used) for i, used in enumerate([0, 900, 30, 700, 260])]
+    groups = ToolAgentLoop._groups(episodes, 1000)  # spread 250: {0, 30}, {260}, {700, 900}
+    assert [[len(e.response_ids) for e in g] for g in groups] == [[0, 30], [260], [700, 900]]
 
 
 def test_hermes_parsing_and_truncation():

@@ -83,10 +83,14 @@ def decode_samples(data, tokenizer, reward_fn_key: str = "data_source") -> list[
 
 
 def _number(value) -> bool:
+    """A real number: int, float, bool, numpy scalars (np.float32, np.bool_ ...) and 0-d arrays/tensors."""
     import numbers
 
-    return isinstance(value, numbers.Real) or (isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0
-                                               and not isinstance(value.tolist(), (str, bytes)))
+    if isinstance(value, (numbers.Real, np.bool_)):
+        return True
+    if isinstance(value, (np.ndarray, np.generic, torch.Tensor)) and value.ndim == 0:
+        return isinstance(value.item(), (numbers.Real, bool))
+    return False
 
 
 def split_result(result, index: int, where: str = "the scoring function") -> tuple[float, dict]:

@@ -20,10 +20,10 @@ generated ids are kept as sampled (never decoded and re-tokenised), with their r
 ``tokenization_sanity_check_mode=strict`` checks that the assembled ids decode to what the chat template
 renders for the same conversation (``disable`` skips it).
 
-Rounds: every round generates the next assistant turn of all unfinished episodes in one engine call
-(its continuous batching packs them), so a round lasts as long as its longest turn; episodes that are
-done leave the batch. Each round re-reads the whole context (the engine's cache is not kept between
-calls).
+Rounds: every round generates the next assistant turn of all unfinished episodes, in one engine call
+per group of episodes that have used similar parts of the response budget (its continuous batching packs
+each group), so a round lasts as long as its longest turn; episodes that are done leave the batch. Each
+round re-reads the whole context (the engine's cache is not kept between calls).
 
 Per-sample statistics travel in ``non_tensor_batch``: ``__num_turns__`` (messages after the prompt),
 ``__tool_calls__``, ``__tool_errors__``, ``__tool_seconds__``, ``__tool_reward__``; the trainer turns them
@@ -154,12 +154,17 @@ class ToolAgentLoop:
         if "raw_prompt" not in prompts.non_tensor_batch:
             raise ValueError("multi-turn rollouts need the prompts' messages: set data.return_raw_chat=True")
         extra = prompts.non_tensor_batch.get("extra_info")
+        width = prompts.batch["input_ids"].shape[1]
         episodes = []
         for row, messages in enumerate(prompts.non_tensor_batch["raw_prompt"]):
             info = extra[row] if extra is not None and isinstance(extra[row], dict) else {}
+            msgs = list(messages)
+            prompt_ids = list(self._render(msgs, add_generation_prompt=True))
+            if len(prompt_ids) > width:
+                raise ValueError(f"prompt {row} is {len(prompt_ids)} tokens once the chat template adds the tool "
+                                 f"schemas, more than data.max_prompt_length={width}; raise data.max_prompt_length")
             for _ in range(params.n):
-                msgs = copy.deepcopy(list(messages))
-                episodes.append(_Episode(row, msgs, list(self._render(msgs, add_generation_prompt=True)),
+                episodes.append(_Episode(row, copy.deepcopy(msgs), list(prompt_ids),
                                          dict(info.get("tools_kwargs") or {})))
         asyncio.run(self._run(episodes, prompts, params))
         return self._output(prompts, episodes, params)
@@ -175,7 +180,8 @@ class ToolAgentLoop:
                 active = [e for e in episodes if not e.done]
                 if not active:
                     break
-                self._generate_turns(active, prompts.meta_info, params, round_index)
+                for group in self._groups(active, params.response_length):
+                    self._generate_turns(group, prompts.meta_info, params, round_index)
                 round_index += 1
                 calling = [e for e in active if not e.done]
                 await asyncio.gather(*(self._run_tools(e, params) for e in calling))
@@ -184,6 +190,20 @@ class ToolAgentLoop:
                 for name, tool in self.tools.items():
                     episode.tool_reward += float(await tool.calc_reward(episode.instances[name]))
                     await tool.release(episode.instances[name])
+
+    @staticmethod
+    def _groups(active: list[_Episode], response_length: int) -> list[list[_Episode]]:
+        """Episodes of one round in engine calls whose members have used similar parts of the budget
+        (within a quarter of it): a call runs ``longest context + largest room left`` tokens, so mixing
+        an episode near its end with a fresh one would size it near prompt + 2x the response budget."""
+        spread = max(1, response_length // 4)
+        groups: list[list[_Episode]] = []
+        for episode in sorted(active, key=lambda e: len(e.response_ids)):
+            if groups and len(episode.response_ids) - len(groups[-1][0].response_ids) <= spread:
+                groups[-1].append(episode)
+            else:
+                groups.append([episode])
+        return groups
 
     def _generate_turns(self, active: list[_Episode], meta_info: dict, params, round_index: int) -> None:
         contexts = [e.prompt_ids + e.response_ids for e in active]
@@ -218,6 +238,9 @@ class ToolAgentLoop:
                 episode.done = True
 
     async def _run_tools(self, episode: _Episode, params) -> None:
+        if self.max_user_turns and episode.user_turns >= int(self.max_user_turns):
+            episode.done = True  # no tool turn left: the calls are not run
+            return
         calls = episode.calls[: self.max_parallel_calls]
         start = time.perf_counter()
         results = await asyncio.gather(*(self._call(episode, call) for call in calls))
@@ -229,16 +252,17 @@ class ToolAgentLoop:
             tool_messages.append({"role": "tool", "content": truncate(text, self.max_tool_response_length,
                                                                       self.truncate_side)})
         ids = self._tool_turn_ids(episode.messages, tool_messages)
+        # The episode ends on the model's last turn when the results could not be answered: no room for
+        # them and another turn, or no user turn left. (Ending on tool tokens would put the reward on a
+        # token outside response_mask, where GAE never sees it.)
         if len(episode.response_ids) + len(ids) >= params.response_length:
-            episode.done = True  # no room for the results and another turn: the episode ends here
+            episode.done = True
             return
         episode.messages += tool_messages
         episode.response_ids += ids
         episode.mask += [0] * len(ids)
         episode.log_probs += [0.0] * len(ids)
         episode.user_turns += 1
-        if self.max_user_turns and episode.user_turns >= int(self.max_user_turns):
-            episode.done = True
 
     async def _call(self, episode: _Episode, call) -> tuple[str, bool]:
         if isinstance(call, str):
@@ -258,7 +282,9 @@ class ToolAgentLoop:
             for episode in episodes:
                 self._check_tokens(episode)
         length, pad = params.response_length, params.pad_token_id
-        width = max(len(e.prompt_ids) for e in episodes)
+        # The prompts' width as they came (data.max_prompt_length): every rank and every dynamic-sampling
+        # round must return the same widths, or their outputs cannot be concatenated.
+        width = prompts.batch["input_ids"].shape[1]
         rows = len(episodes)
         prompt_ids = torch.full((rows, width), pad, dtype=torch.long)
         prompt_mask = torch.zeros((rows, width), dtype=torch.long)
