@@ -92,6 +92,20 @@ def test_file_backend_jsonl_flushed_per_line(tmp_path, capsys):
     assert len(path.read_text().splitlines()) == 3
 
 
+def test_resuming_drops_the_lines_of_steps_after_the_checkpoint(tmp_path):
+    tracker = Tracking("proj", "exp", ["console", "file"], output_dir=str(tmp_path))
+    for step in (1, 2, 3, 4):  # the run checkpointed step 2, then died after logging 3 and 4
+        tracker.log({"a": float(step)}, step=step)
+    tracker.finish()
+    path = tmp_path / "proj" / "exp.jsonl"
+    resumed = Tracking("proj", "exp", ["console", "file"], output_dir=str(tmp_path))
+    resumed.resumed_at(2)
+    resumed.log({"a": 30.0}, step=3)
+    resumed.finish()
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["step"], r["data"]["a"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
 def test_file_backend_env_paths(tmp_path, monkeypatch):
     target = tmp_path / "exact" / "m.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(target))

@@ -42,6 +42,7 @@ def base_config(tiny_qwen2_dir):
         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.optim.weight_decay=0.0",
         "actor_rollout_ref.actor.optim.total_training_steps=10",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # the tests compare the engine's log-probs
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
         "critic.model.enable_gradient_checkpointing=false", "critic.model.fsdp_config.dtype=float32",
         "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=2e-3", "critic.cliprange_value=100.0",
@@ -115,6 +116,12 @@ def test_generate_then_log_probs_match_the_rollout(generated):
     assert diff.max() < 1e-4
     assert (old.batch["entropys"][mask] > 0).all()
     torch.testing.assert_close(ref.batch["ref_log_prob"], old.batch["old_log_probs"], rtol=0, atol=1e-6)
+
+
+def test_rollout_log_probs_only_when_asked_for(base_config, tiny_tokenizer):
+    group = actor_group(changed(base_config, actor_rollout_ref__rollout__calculate_log_probs=False), role="rollout")
+    out = group.generate_sequences(make_prompts(tiny_tokenizer, temperature=0.7, seed=1))
+    assert "rollout_log_probs" not in out.batch and "responses" in out.batch
 
 
 def test_update_actor_moves_log_probs_with_the_advantages(generated):

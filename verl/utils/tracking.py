@@ -167,9 +167,33 @@ class FileLogger:
         self._file.write(json.dumps({"step": step, "data": dict(data)}, default=_json_default) + "\n")
         self._file.flush()
 
+    def resumed_at(self, step: int) -> None:
+        """A run resumed from the checkpoint of ``step``: drop the lines of later steps (the run that
+        wrote them stopped before their checkpoint; they are about to be logged again), so the file
+        holds each step once. The file is rewritten under a temporary name and renamed."""
+        self._file.close()
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.readlines()
+        kept = [line for line in lines if not line.strip() or _step_of(line) <= step]
+        if len(kept) != len(lines):
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(tmp, self.path)
+            print(f"[verl] file logger: dropped {len(lines) - len(kept)} line(s) after step {step} from {self.path} "
+                  "(the run resumes from that step)", flush=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+
     def finish(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return 0  # not a record of ours: kept
 
 
 def _numeric_items(data: Mapping[str, Any]) -> Iterable[tuple[str, float]]:
@@ -291,6 +315,12 @@ class Tracking:
         if name == "wandb":
             return WandbLogger(self.project_name, self.experiment_name, config, output_dir)
         return MlflowLogger(self.project_name, self.experiment_name, config)
+
+    def resumed_at(self, step: int) -> None:
+        """Tell the backends that can forget later steps (the file logger) that the run resumes at ``step``."""
+        for backend in self.backends.values():
+            if hasattr(backend, "resumed_at"):
+                backend.resumed_at(step)
 
     def set_total_steps(self, total_steps: int | None) -> None:
         """Set the number of steps the console progress bar counts to."""

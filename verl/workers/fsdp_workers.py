@@ -260,6 +260,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                 merge_into_gathered_weights(module)
                 with adapters_disabled(module):
                     output = self.rollout.generate_sequences(prompts)
+        if not config_get(self.config, "rollout.calculate_log_probs", False):
+            output.batch.pop("rollout_log_probs", None)  # as the original: only when asked for
         return output.to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

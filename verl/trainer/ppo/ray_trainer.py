@@ -381,6 +381,8 @@ class RayPPOTrainer:
         last_metrics: dict = {}
         try:
             self._load_checkpoint()
+            if self.global_steps:
+                tracker.resumed_at(self.global_steps)
             if self.val_dataset is not None and trainer.val_before_train:
                 val_metrics = self._validate()
                 tracker.log(val_metrics, step=self.global_steps)
