@@ -476,3 +476,21 @@ def test_step_time_leaves_out_validation_and_checkpoints(gsm8k_setup, varied_rew
     data = records[0]["data"]
     assert data["timing_s/testing"] >= 3 > data["timing_s/step"] and data["timing_s/save_checkpoint"] > 0
     assert data["perf/time_per_step"] == data["timing_s/step"]
+
+
+def test_auto_resume_skips_a_truncated_checkpoint_and_logs_each_step_once(gsm8k_setup, varied_reward, tmp_path,
+                                                                          monkeypatch, caplog):
+    import logging
+
+    extra = [*GRPO, *varied_reward, "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.test_freq=-1"]
+    run_dir, records = run(gsm8k_setup, tmp_path, "truncated", *extra, monkeypatch=monkeypatch)
+    shard = run_dir / "checkpoints" / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a crash while it was copied
+    with caplog.at_level(logging.WARNING):
+        _, again = run(gsm8k_setup, tmp_path, "truncated", *extra, monkeypatch=monkeypatch)
+    warnings = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"cannot resume from {run_dir}/checkpoints/global_step_2" in warnings
+    assert "model_world_size_1_rank_0.pt cannot be read" in warnings and "trying the previous checkpoint" in warnings
+    # resumed from step 1, step 2 trained again; the metrics file holds each step once
+    assert [r["step"] for r in again] == [1, 2]
+    assert learning_metrics(again[1]) == pytest.approx(learning_metrics(records[1]), rel=1e-5, abs=1e-7)

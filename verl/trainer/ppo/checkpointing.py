@@ -72,6 +72,16 @@ def resume_checkpoint(trainer_config) -> str | None:
     return latest_checkpoint(trainer_config.default_local_dir)
 
 
+def earlier_checkpoints(root: str, before: int) -> list[str]:
+    """Step folders under ``root`` older than step ``before`` that hold an actor and the driver state,
+    newest first: where auto-resume falls back when the newest checkpoint cannot be read."""
+    if not os.path.isdir(root):
+        return []
+    steps = sorted((int(m.group(1)) for name in os.listdir(root) if (m := _STEP_DIR.match(name))), reverse=True)
+    return [step_dir(root, s) for s in steps if s < before and os.path.isdir(os.path.join(step_dir(root, s), "actor"))
+            and os.path.isfile(os.path.join(step_dir(root, s), "data.pt"))]
+
+
 def save_driver_state(path: str, state: dict) -> None:
     atomic_torch_save(state, os.path.join(path, "data.pt"))
 

@@ -150,6 +150,27 @@ class RayPPOTrainer:
         if path is None:
             return
         path = os.path.abspath(path)
+        if self.config.trainer.resume_mode != "auto":
+            self._load_checkpoint_from(path)
+            return
+        # Auto-resume: a newest checkpoint that cannot be read (a truncated shard after a crash or a full
+        # disk) must not block the run: fall back to the newest earlier one that loads, and say so.
+        candidates = [path] + checkpointing.earlier_checkpoints(os.path.dirname(path), checkpointing.step_of(path))
+        for i, candidate in enumerate(candidates):
+            try:
+                self._load_checkpoint_from(candidate)
+                return
+            except Exception as err:  # noqa: BLE001 -- reported, then the next candidate
+                reason = str(err).strip().splitlines()
+                logger.warning("cannot resume from %s (%s)%s", candidate, reason[-1] if reason else type(err).__name__,
+                               "; trying the previous checkpoint" if i + 1 < len(candidates) else "")
+                if i + 1 == len(candidates):
+                    raise RuntimeError(
+                        f"none of the checkpoints under {os.path.dirname(path)} can be loaded (the newest, {path}: "
+                        f"{reason[-1] if reason else type(err).__name__}). Remove the broken step folders, or set "
+                        "trainer.resume_mode=disable to start fresh") from err
+
+    def _load_checkpoint_from(self, path: str) -> None:
         logger.warning("resuming from %s", path)
         self.workers.actor_rollout.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:

@@ -254,19 +254,26 @@ def load_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
                                 f"without {absent} (checkpoint.save_contents); drop them from checkpoint.load_contents.")
     if "model" in chosen:
         path = os.path.join(local_path, files["model"])
-        _load_model_payload(engine, torch.load(path, map_location="cpu", weights_only=True), path)
+        _load_model_payload(engine, _read(path), path)
     if "optimizer" in chosen:
         if engine.optimizer is None:
             raise ValueError("checkpoint contents include 'optimizer' but this engine has none.")
-        _load_optim_payload(engine.optimizer,
-                            torch.load(os.path.join(local_path, files["optimizer"]), map_location="cpu",
-                                       weights_only=True))
+        _load_optim_payload(engine.optimizer, _read(os.path.join(local_path, files["optimizer"])))
     if "extra" in chosen:
-        extra = torch.load(os.path.join(local_path, files["extra"]), map_location="cpu", weights_only=True)
+        extra = _read(os.path.join(local_path, files["extra"]))
         if engine.lr_scheduler is not None and extra["lr_scheduler"] is not None:
             engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         _set_rng_state(extra["rng"])
     logger.info("loaded %s from %s", sorted(chosen), local_path)
+
+
+def _read(path: str):
+    """``torch.load`` of one checkpoint file; a truncated or corrupt file is named as such."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError) as err:
+        raise ValueError(f"{path} cannot be read ({str(err).splitlines()[0]}): the file is truncated or corrupt "
+                         "(a crash or a full disk while it was written by hand or copied?)") from err
 
 
 def load_full_model_state_dict(local_path: str) -> dict[str, torch.Tensor]:
