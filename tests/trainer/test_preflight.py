@@ -81,3 +81,24 @@ def test_ctrl_c_and_a_full_disk_end_with_what_to_do(tmp_path, capsys, monkeypatc
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "The disk is full" in err and f"The last complete checkpoint is {tmp_path}/ckpt/global_step_4" in err
+
+
+def test_rows_a_rule_reward_cannot_score_stop_before_any_worker(tmp_path, tiny_qwen2_dir, capsys):
+    import pandas as pd
+
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 1+1?"}],
+             "reward_model": {"style": "rule", "ground_truth": "2"}},
+            {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "What is 2+2?"}],
+             "reward_model": {"style": "rule", "ground_truth": None}},
+            {"data_source": "my/task", "prompt": [{"role": "user", "content": "Hi"}],
+             "reward_model": {"style": "rule", "ground_truth": "x"}}]
+    train = tmp_path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(train)
+    args = [f"data.train_files={train}", f"actor_rollout_ref.model.path={tiny_qwen2_dir}", "trainer.device=cpu",
+            "trainer.n_gpus_per_node=1", "trainer.backend=local", "data.train_batch_size=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1", "algorithm.adv_estimator=grpo"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"Cannot start: data.train_files: rows a rule reward cannot score (first 2):\n  {train}, row 1: " \
+           "reward_model.ground_truth is missing or None\n" in err
+    assert f"{train}, row 2: data_source='my/task' has no rule reward" in err and "Known data sources:" in err

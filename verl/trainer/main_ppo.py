@@ -30,7 +30,7 @@ def run_ppo(config) -> dict:
     """Run a validated config to the end; returns the last step's metrics."""
     from verl.models import load_tokenizer
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.trainer.ppo.reward import check_rule_reward_rows, load_reward_manager
 
     configure_logging()
     model = config.actor_rollout_ref.model
@@ -40,6 +40,9 @@ def run_ppo(config) -> dict:
     train_dataset = _dataset(data.train_files, tokenizer, data, data.train_max_samples, data.shuffle)
     val_dataset = (_dataset(data.val_files, tokenizer, data, data.val_max_samples, data.validation_shuffle)
                    if data.val_files else None)
+    check_rule_reward_rows(train_dataset, config, "data.train_files")
+    if val_dataset is not None:
+        check_rule_reward_rows(val_dataset, config, "data.val_files")
     reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn)
@@ -61,9 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from verl.single_controller import WorkerError
     from verl.trainer.ppo.ray_trainer import DynamicSamplingError
+    from verl.utils.dataset import DatasetError
 
     try:
         run_ppo(config)
+    except DatasetError as e:  # found while reading the data, before any worker started
+        print(f"Cannot start: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\nTraining interrupted. {_resume_hint(config)}", file=sys.stderr)
         return 130

@@ -112,3 +112,31 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     # None lets each manager pick its default (the rule rewards; the batch manager requires a function).
     return manager_cls(tokenizer=tokenizer, num_examine=num_examine,
                        compute_score=get_custom_reward_fn(config), **kwargs)
+
+
+def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> None:
+    """Before any worker starts: every row a rule reward will score has a ``data_source`` with a
+    registered scorer and a ``reward_model.ground_truth``. Skipped with a reward model or a custom reward
+    function (they decide what they need). Raises ``DatasetError`` naming the file, the row and the fix."""
+    if config_get(config, "reward_model.enable", False) or config_get(config, "custom_reward_function.path"):
+        return
+    from verl.utils.dataset import DatasetError
+    from verl.utils.reward_score import registered_data_sources
+
+    known = set(registered_data_sources())
+    source_key = config_get(config, "data.reward_fn_key", "data_source")
+    problems = []
+    sources = dataset.column_values(source_key)
+    truths = dataset.column_values("reward_model")
+    for (path, row, source), (_, _, reward_model) in zip(sources, truths):
+        if source not in known:
+            problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
+        elif not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+            problems.append(f"{path}, row {row}: reward_model.ground_truth is missing or None")
+        if len(problems) >= 5:
+            break
+    if problems:
+        raise DatasetError(
+            f"{split}: rows a rule reward cannot score (first {len(problems)}):\n  " + "\n  ".join(problems)
+            + f"\nKnown data sources: {', '.join(sorted(known))}. Fix or drop those rows, or set "
+            "custom_reward_function.path to a reward that handles them")

@@ -196,6 +196,15 @@ class RLHFDataset(Dataset):
         file_idx = int(np.searchsorted(self._file_starts, row, side="right")) - 1
         return file_idx, int(row - self._file_starts[file_idx])
 
+    def column_values(self, column: str):
+        """``(file, row within the file, value)`` of ``column`` for every row this dataset serves (after
+        max_samples and the length filter), read column-wise without building the samples."""
+        values = [t.column(column).to_pylist() if column in t.column_names else None for t in self._tables]
+        for row in self._rows:
+            file_idx, local = self._locate(int(row))
+            column_values = values[file_idx]
+            yield self.data_files[file_idx], local, None if column_values is None else column_values[local]
+
     def _where(self, row: int) -> str:
         file_idx, local = self._locate(row)
         return f"{self.data_files[file_idx]}, row {local}, column '{self.prompt_key}'"
