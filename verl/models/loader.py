@@ -33,7 +33,7 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _looks_local(path: str) -> bool:
+def looks_local(path: str) -> bool:
     # A hub id is "name" or "org/name"; anything else is meant as a folder on this machine.
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.path.exists(path)
 
@@ -49,7 +49,7 @@ def _check_model_path(path: str | None, config_key: str) -> str:
                 "save_pretrained (or `huggingface-cli download ID --local-dir DIR`) wrote."
             )
         return path
-    if _looks_local(path):
+    if looks_local(path):
         raise FileNotFoundError(
             f"{config_key}={path!r}: no such folder. Models must be local folders here (download one with "
             "`huggingface-cli download ID --local-dir DIR` and pass DIR), or Hugging Face ids when a hub is "

@@ -67,9 +67,10 @@ class Packed:
 
 def _bucket(length: int) -> int:
     """``length`` rounded up to a power of two. The varlen kernel needs only an upper bound of the longest
-    sequence (it sizes its grid by it; blocks past a sequence's end exit at once), and a compiled layer
-    recompiles for every new integer it is given: in a run whose longest row changes every micro-batch
-    that meant a recompile per new value, now one per doubling."""
+    sequence (it sizes its grid by it; blocks past a sequence's end exit at once), and the compiled layers
+    receive it as a Python int: should the compiler specialise on it, a run sees a few distinct values
+    (one per doubling) instead of one per micro-batch. (With the rounding, TORCH_LOGS=recompiles showed
+    one recompile in a reference PPO run on the H200, for grad mode.)"""
     return 1 << max(0, int(length) - 1).bit_length()
 
 

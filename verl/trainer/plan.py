@@ -235,7 +235,7 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
                                      "log_prob_micro_batch_size", remove_padding, max_len, rows, n_gpus)
         # With LoRA the reference is the actor with its adapter off: no weights of its own.
         offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False)) or \
-            _lora_params(config, f"{ar}.model", value_head=False) is not None
+            _uses_lora(config, f"{ar}.model")
         plan.components["reference"] = {
             "weights (bf16, sharded)": 0 if offload else COMPUTE_BYTES * actor.params // n_gpus,
             f"forward ({lp_tokens} tokens)": actor.forward_bytes(lp_tokens)
@@ -301,10 +301,14 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     return plan
 
 
+def _uses_lora(config, model_section: str) -> bool:
+    return bool(_get(config, f"{model_section}.lora_rank", 0) or _get(config, f"{model_section}.lora_adapter_path"))
+
+
 def _lora_params(config, model_section: str, *, value_head: bool) -> int | None:
     """The trainable parameters of the LoRA adapter ``model_section`` configures (None without LoRA),
     counted by injecting it into the model built on the meta device."""
-    if not (_get(config, f"{model_section}.lora_rank", 0) or _get(config, f"{model_section}.lora_adapter_path")):
+    if not _uses_lora(config, model_section):
         return None
     from verl.models.loader import load_hf_config
     from verl.models.lora import LoraSettings, meta_model_with_adapter

@@ -135,7 +135,7 @@ def test_a_prompt_longer_than_its_width_once_tools_are_added_is_named(tiny_token
 def test_a_round_groups_episodes_by_the_budget_they_have_used():
     from verl.workers.rollout.agent_loop import _Episode
 
-    episodes = [_Episode(i, [], [1], {}, response_ids=[0] * used) for i, used in enumerate([0, 900, 30, 700, 260])]
+    episodes = [_Episode([], [1], {}, response_ids=[0] * used) for used in (0, 900, 30, 700, 260)]
     groups = ToolAgentLoop._groups(episodes, 1000)  # spread 250: {0, 30}, {260}, {700, 900}
     assert [[len(e.response_ids) for e in g] for g in groups] == [[0, 30], [260], [700, 900]]
 

@@ -393,7 +393,7 @@ def check_model_folders(run: Run) -> Iterator[Issue]:
     """Local model folders hold what loading them needs: config.json, weights and (where a tokenizer is
     read from them) tokenizer files, named in the error instead of a confusing failure in a worker.
     Hub ids ("org/name" that is not a folder here) are left to the loader."""
-    from verl.models.loader import _looks_local
+    from verl.models.loader import looks_local
 
     wanted = [(f"{AR}.model.path", not run.get(f"{AR}.model.tokenizer_path")),
               (f"{AR}.model.tokenizer_path", True)]
@@ -404,7 +404,7 @@ def check_model_folders(run: Run) -> Iterator[Issue]:
         wanted += [("reward_model.model.path", False)]
     for key, needs_tokenizer in wanted:
         path = run.get(key)
-        if not isinstance(path, str) or not path or not _looks_local(path):
+        if not isinstance(path, str) or not path or not looks_local(path):
             continue
         folder = os.path.expanduser(path)
         if not os.path.isdir(folder):

@@ -5,6 +5,7 @@ readable, and the adapter injectable into the model ``model.path`` names (built 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 from verl.trainer.config import checks
@@ -28,8 +29,9 @@ def check_lora(run: Run) -> Iterator[Issue]:
         try:
             settings = LoraSettings.from_config(model_config, section)
         except (ValueError, FileNotFoundError, KeyError) as err:
-            key = f"{section}.lora_adapter_path" if "adapter" in str(err) else f"{section}.lora_rank"
-            yield error(key, str(err))
+            # LoraSettings' messages start with the key they are about ("<section>.<key>=... : ...").
+            named = re.match(rf"({re.escape(section)}\.\w+)", str(err))
+            yield error(named.group(1) if named else f"{section}.lora_rank", str(err))
             continue
         path = model_config.get("path")
         if not path or not os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):

@@ -48,7 +48,6 @@ from verl.utils.config import config_get
 __all__ = ["ToolAgentLoop", "parse_hermes_tool_calls"]
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-STAT_KEYS = ("__num_turns__", "__tool_calls__", "__tool_errors__", "__tool_seconds__", "__tool_reward__")
 
 
 def parse_hermes_tool_calls(text: str) -> list[dict | str]:
@@ -88,7 +87,6 @@ def truncate(text: str, limit: int, side: str) -> str:
 
 @dataclass
 class _Episode:
-    row: int
     messages: list
     prompt_ids: list[int]
     tools_kwargs: dict
@@ -164,7 +162,7 @@ class ToolAgentLoop:
                 raise ValueError(f"prompt {row} is {len(prompt_ids)} tokens once the chat template adds the tool "
                                  f"schemas, more than data.max_prompt_length={width}; raise data.max_prompt_length")
             for _ in range(params.n):
-                episodes.append(_Episode(row, copy.deepcopy(msgs), list(prompt_ids),
+                episodes.append(_Episode(copy.deepcopy(msgs), list(prompt_ids),
                                          dict(info.get("tools_kwargs") or {})))
         asyncio.run(self._run(episodes, prompts, params))
         return self._output(prompts, episodes, params)
