@@ -7,7 +7,9 @@
 files. Without it the dataset is fetched from the Hub, which needs the `datasets` package.
 Then train with data.train_files=data/processed/gsm8k/train.parquet data.val_files=data/processed/gsm8k/test.parquet
 
---tool adds a system message offering the Python tool of examples/multi_turn (multi-turn rollouts).
+--tool adds a system message offering the Python tool of examples/multi_turn (multi-turn rollouts);
+--interaction adds extra_info.interaction_kwargs for the GSM8K simulated user of
+examples/multi_turn/interaction_config.yaml (it checks each answer and asks again when it is wrong).
 """
 
 import argparse
@@ -29,19 +31,22 @@ def extract_answer(answer: str):
     return found[-1].replace(",", "") if found else None
 
 
-def to_verl_row(example: dict, split: str, index: int, tool: bool = False) -> dict:
+def to_verl_row(example: dict, split: str, index: int, tool: bool = False, interaction: bool = False) -> dict:
     ground_truth = extract_answer(example["answer"])
     if ground_truth is None:
         raise LocalDatasetError(
             f"Row {index} of the {split} split has no final '#### <number>' line in its answer: {example['answer']!r}"
         )
+    extra_info = {"split": split, "index": index, "answer": example["answer"], "question": example["question"]}
+    if interaction:
+        extra_info["interaction_kwargs"] = {"name": "gsm8k", "query": example["question"], "ground_truth": ground_truth}
     return {
         "data_source": DATA_SOURCE,
         "prompt": ([{"role": "system", "content": TOOL_SYSTEM}] if tool else [])
         + [{"role": "user", "content": example["question"] + " " + INSTRUCTION}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {"split": split, "index": index, "answer": example["answer"], "question": example["question"]},
+        "extra_info": extra_info,
     }
 
 
@@ -52,6 +57,8 @@ def main():
     parser.add_argument("--local_dir", "--local_save_dir", dest="local_dir", default="~/data/gsm8k",
                         help="output folder for train.parquet and test.parquet")
     parser.add_argument("--tool", action="store_true", help="offer the Python tool in a system message")
+    parser.add_argument("--interaction", action="store_true",
+                        help="add interaction_kwargs for the GSM8K simulated user (multi-turn rollouts)")
     args = parser.parse_args()
 
     if args.local_dataset_path:
@@ -59,7 +66,7 @@ def main():
     else:
         raw = load_hub_splits(DATA_SOURCE, "main", local_name="gsm8k")
     # Convert every split before writing any, so a bad row leaves the output folder untouched.
-    rows = {split: [to_verl_row(ex, split, i, args.tool) for i, ex in enumerate(examples)]
+    rows = {split: [to_verl_row(ex, split, i, args.tool, args.interaction) for i, ex in enumerate(examples)]
             for split, examples in raw.items()}
     save_splits(rows, args.local_dir)
 

@@ -23,11 +23,11 @@ Tools are listed in the YAML file ``actor_rollout_ref.rollout.multi_turn.tool_co
 
 from __future__ import annotations
 
-import importlib
-import os
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any
+
+from verl.utils.plugins import import_subclass, yaml_entries
 
 __all__ = ["BaseTool", "load_tools"]
 
@@ -63,30 +63,14 @@ class BaseTool(ABC):
 
 def load_tools(path: str, config_key: str = "actor_rollout_ref.rollout.multi_turn.tool_config_path") -> dict:
     """``{name: tool}`` from a tool config YAML; errors name the file, the entry and what to fix."""
-    from omegaconf import OmegaConf
-
-    if not path or not os.path.isfile(path):
-        raise FileNotFoundError(f"{config_key}={path!r}: no such file. Give a YAML file listing the tools "
-                                "(see verl/tools/base.py)")
-    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
-    entries = spec.get("tools") if isinstance(spec, dict) else None
-    if not entries:
-        raise ValueError(f"{path}: no 'tools:' list; {config_key} must list at least one tool")
     tools = {}
-    for i, entry in enumerate(entries):
-        where = f"{path}, tools[{i}]"
+    for where, entry in yaml_entries(path, "tools", config_key, "verl/tools/base.py"):
         class_name = entry.get("class_name")
         schema = entry.get("tool_schema") or {}
         name = (schema.get("function") or {}).get("name")
         if not class_name or not name:
             raise ValueError(f"{where}: needs class_name and tool_schema.function.name")
-        module_name, _, attr = class_name.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise ValueError(f"{where}: cannot import {class_name!r} ({err})") from err
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise ValueError(f"{where}: {class_name} is not a subclass of verl.tools.base.BaseTool")
+        cls = import_subclass(class_name, BaseTool, where)
         if name in tools:
             raise ValueError(f"{where}: a second tool named {name!r}")
         tools[name] = cls(entry.get("config") or {}, schema)

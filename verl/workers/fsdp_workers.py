@@ -31,6 +31,7 @@ from verl.models import load_causal_lm, load_tokenizer, load_value_model
 from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
+from verl.interactions.base import load_interactions
 from verl.tools.base import load_tools
 from verl.utils.config import config_get, uses_token_budget
 from verl.utils.debug import memory_usage
@@ -222,8 +223,10 @@ class ActorRolloutRefWorker(_RoleWorker):
             multi_turn = config_get(config, "rollout.multi_turn")
             if config_get(multi_turn, "enable", False):
                 tools_file = config_get(multi_turn, "tool_config_path")
+                interactions_file = config_get(multi_turn, "interaction_config_path")
                 self.rollout = ToolAgentLoop(self.rollout, self.tokenizer, multi_turn,
-                                             load_tools(tools_file) if tools_file else {})
+                                             load_tools(tools_file) if tools_file else {},
+                                             load_interactions(interactions_file) if interactions_file else {})
         if self._is_ref and self.lora is not None and self.actor_engine is not None:
             # The reference policy is the actor with its adapter switched off: no second copy of the weights.
             self.ref_engine = self.actor_engine

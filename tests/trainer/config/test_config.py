@@ -569,12 +569,20 @@ def test_multi_turn_mistakes_stop_before_any_worker(tmp_path):
                        f"{mt}.interaction_config_path=x.yaml", f"{mt}.max_assistant_turns=0")
     assert "- data.return_raw_chat: must be True with actor_rollout_ref.rollout.multi_turn.enable=true" in message
     assert f"- {mt}.tool_config_path: {mt}.tool_config_path='{tmp_path}/tools.yaml': no such file" in message
-    assert f"- {mt}.interaction_config_path: simulated users (interactions) are not implemented" in message
+    assert f"- {mt}.interaction_config_path: {mt}.interaction_config_path='x.yaml': no such file" in message
     assert f"- {mt}.max_assistant_turns: must be a positive integer" in message
     (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: verl.tools.code_interpreter.NoSuchTool\n"
                                          "    tool_schema: {function: {name: x}}\n")
     message = problems(f"{mt}.enable=true", "data.return_raw_chat=true", f"{mt}.tool_config_path={tmp_path}/tools.yaml")
     assert "tools[0]: cannot import 'verl.tools.code_interpreter.NoSuchTool'" in message
+    (tmp_path / "users.yaml").write_text("interaction:\n  - name: helper\n    class_name: verl.tools.base.BaseTool\n")
+    users = f"{mt}.interaction_config_path={tmp_path}/users.yaml"
+    message = problems(f"{mt}.enable=true", "data.return_raw_chat=true", users)
+    assert ("interaction[0]: verl.tools.base.BaseTool is not a subclass of "
+            "verl.interactions.base.BaseInteraction") in message
+    (tmp_path / "users.yaml").write_text("interaction:\n  - name: gsm8k\n"
+                                         "    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n")
+    validate(f"{mt}.enable=true", "data.return_raw_chat=true", users)
 
 
 def test_broken_model_folders_are_named_before_anything_starts(tiny_qwen2_dir, tmp_path):

@@ -213,3 +213,24 @@ def test_validation_is_vectorised_for_large_runs():
     assert m["mean@8"] == pytest.approx(float((preds == 0).mean()))
     assert m["worst@8/mean"] <= m["mean@8"] <= m["best@8/mean"]
     assert m["best@2/mean"] <= m["best@4/mean"] <= m["best@8/mean"]
+
+
+def test_agent_loop_metrics_by_hand():
+    from verl.trainer.ppo.metric_utils import agent_loop_metrics
+
+    batch = two_sample_batch()
+    assert agent_loop_metrics(batch) == {}  # single-turn rollouts: no agent_loop/* keys
+    # Sample 1's response: 2 model tokens, then 1 tool-result token inside attention_mask but not response_mask.
+    batch.batch["attention_mask"][1, 5] = 1
+    batch.non_tensor_batch.update({
+        "__num_turns__": np.array([1, 3]), "__tool_calls__": np.array([0, 2]), "__tool_errors__": np.array([0, 1]),
+        "__tool_seconds__": np.array([0.0, 0.5]), "__tool_reward__": np.array([0.0, 1.0]),
+        "__turn_score__": np.array([0.25, 0.75])})
+    metrics = agent_loop_metrics(batch)
+    assert metrics["agent_loop/num_turns/mean"] == 2 and metrics["agent_loop/num_turns/max"] == 3
+    assert metrics["agent_loop/tool_calls/mean"] == 1 and metrics["agent_loop/tool_errors/mean"] == 0.5
+    assert metrics["agent_loop/tool_time_s/mean"] == 0.25 and metrics["agent_loop/tool_reward/mean"] == 0.5
+    assert metrics["agent_loop/turn_score/mean"] == 0.5
+    assert metrics["agent_loop/response_length_with_tools/mean"] == 3.5  # (4 + 3) / 2
+    del batch.non_tensor_batch["__turn_score__"]
+    assert "agent_loop/turn_score/mean" not in agent_loop_metrics(batch)

@@ -133,11 +133,11 @@ def test_a_prompt_longer_than_its_width_once_tools_are_added_is_named(tiny_token
 
 
 def test_a_round_groups_episodes_by_the_budget_they_have_used():
-    from verl.workers.rollout.agent_loop import _Episode
+    from verl.workers.rollout.base import budget_groups
 
-    episodes = [_Episode([], [1], {}, response_ids=[0] * used) for used in (0, 900, 30, 700, 260)]
-    groups = ToolAgentLoop._groups(episodes, 1000)  # spread 250: {0, 30}, {260}, {700, 900}
-    assert [[len(e.response_ids) for e in g] for g in groups] == [[0, 30], [260], [700, 900]]
+    used = [0, 900, 30, 700, 260]
+    groups = budget_groups(list(range(5)), used, 1000)  # spread 250: {0, 30}, {260}, {700, 900}
+    assert [[used[r] for r in g] for g in groups] == [[0, 30], [260], [700, 900]]
 
 
 def test_hermes_parsing_and_truncation():
@@ -176,3 +176,46 @@ def test_code_interpreter_runs_in_the_sandbox():
     assert text == "42\n" and metrics["error"] == 0.0
     text, _, metrics = asyncio.run(tool.execute("x", {"code": "open('/etc/passwd', 'w')"}))
     assert metrics["error"] == 1.0 and "Error" in text
+
+
+def test_gsm8k_interaction_checks_answers_by_hand():
+    from verl.interactions.gsm8k_interaction import RETRY, Gsm8kInteraction
+
+    user = Gsm8kInteraction({})
+    instance = asyncio.run(user.start_interaction(ground_truth="72"))
+    ask = lambda text: asyncio.run(user.generate_response(instance, [{"role": "assistant", "content": text}]))  # noqa: E731
+    assert ask("so it is #### 71") == (False, RETRY, 0.0, {})
+    assert ask("I get 72 in the end, #### 72") == (True, "Your answer is correct.", 1.0, {})
+    assert asyncio.run(user.calculate_score(instance)) == 1.0
+    with pytest.raises(ValueError, match=r"needs extra_info\['interaction_kwargs'\]\['ground_truth'\]"):
+        asyncio.run(user.start_interaction())
+
+
+def test_a_simulated_user_asks_again_until_the_answer_is_right(tiny_tokenizer, tmp_path):
+    from verl.interactions.base import load_interactions
+
+    config = tmp_path / "users.yaml"
+    config.write_text("interaction:\n  - name: gsm8k\n"
+                      "    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n"
+                      "    config: {retry_message: Wrong. Try again.}\n")
+    engine = ScriptedRollout(tiny_tokenizer, ["I think #### 41", FINAL, FINAL])
+    agent = ToolAgentLoop(engine, tiny_tokenizer, {}, {}, load_interactions(str(config)))
+    batch = prompts(tiny_tokenizer, rows=2, n=2)
+    batch.non_tensor_batch["extra_info"] = np.array(
+        [{"interaction_kwargs": {"name": "gsm8k", "ground_truth": "42"}},
+         {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "41"}}], dtype=object)
+    out = agent.generate_sequences(batch)  # the strict tokenization check runs too
+    # Prompt 0: wrong, the user asks again, right. Prompt 1 (ground truth 41): right at once.
+    assert out.non_tensor_batch["__num_turns__"].tolist() == [3, 3, 1, 1]
+    assert [i["turn_scores"] for i in out.non_tensor_batch["extra_info"]] == [[0.0, 1.0]] * 2 + [[1.0]] * 2
+    turn1 = tiny_tokenizer("I think #### 41")["input_ids"] + [tiny_tokenizer.eos_token_id]
+    between = tiny_tokenizer("\n<|im_start|>user\nWrong. Try again.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    turn2 = tiny_tokenizer(FINAL)["input_ids"] + [tiny_tokenizer.eos_token_id]
+    length = len(turn1) + len(between) + len(turn2)
+    assert out.batch["responses"][0, :length].tolist() == turn1 + between + turn2
+    assert out.batch["response_mask"][0].tolist()[:length + 1] == [1] * len(turn1) + [0] * len(between) + [1] * len(
+        turn2) + [0]
+    unknown = prompts(tiny_tokenizer, rows=1)
+    unknown.non_tensor_batch["extra_info"] = np.array([{"interaction_kwargs": {"name": "tutor"}}], dtype=object)
+    with pytest.raises(ValueError, match=r"prompt 0: extra_info.interaction_kwargs.name='tutor' names no interaction"):
+        agent.generate_sequences(unknown)

@@ -1,5 +1,5 @@
-"""Checks of ``actor_rollout_ref.rollout.multi_turn.*`` before any worker starts: the tool file loads,
-the prompts' messages reach the rollout, and nothing is set that the agent loop does not do."""
+"""Checks of ``actor_rollout_ref.rollout.multi_turn.*`` before any worker starts: the tool and interaction
+files load, the prompts' messages reach the rollout, and nothing is set that the agent loop does not do."""
 
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ def check_multi_turn(run: Run) -> Iterator[Issue]:
     if run.get(f"{MT}.tokenization_sanity_check_mode") not in SANITY_MODES:
         yield error(f"{MT}.tokenization_sanity_check_mode",
                     f"is {run.get(f'{MT}.tokenization_sanity_check_mode')!r}; use one of {list(SANITY_MODES)}")
-    if run.get(f"{MT}.interaction_config_path"):
-        yield error(f"{MT}.interaction_config_path", "simulated users (interactions) are not implemented in this "
-                                                     "verl's agent loop; remove the key")
     if run.get(f"{MT}.use_inference_chat_template"):
         yield error(f"{MT}.use_inference_chat_template", "is not implemented: the agent loop trains on the tokens "
                                                          "it generated with the training template; remove the key")
@@ -43,3 +40,11 @@ def check_multi_turn(run: Run) -> Iterator[Issue]:
             load_tools(path)
         except (FileNotFoundError, ValueError) as err:
             yield error(f"{MT}.tool_config_path", str(err))
+    path = run.get(f"{MT}.interaction_config_path")
+    if path:
+        from verl.interactions.base import load_interactions
+
+        try:
+            load_interactions(path)
+        except (FileNotFoundError, ValueError) as err:
+            yield error(f"{MT}.interaction_config_path", str(err))

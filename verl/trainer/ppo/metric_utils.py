@@ -102,8 +102,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
 def agent_loop_metrics(batch: DataProto) -> dict[str, float]:
     """Multi-turn rollouts (their per-sample ``__*__`` columns): ``agent_loop/num_turns/*`` (messages after
     the prompt), ``agent_loop/tool_calls/*``, ``agent_loop/tool_errors/mean``, ``agent_loop/tool_time_s/mean``,
-    ``agent_loop/tool_reward/mean`` and ``agent_loop/response_length_with_tools/mean`` (tool results and
-    template tokens included; ``response_length/*`` counts only the model's own tokens)."""
+    ``agent_loop/tool_reward/mean``, ``agent_loop/turn_score/mean`` (a simulated user's turn scores, summed
+    per episode) and ``agent_loop/response_length_with_tools/mean`` (tool results, user replies and template
+    tokens included; ``response_length/*`` counts only the model's own tokens)."""
     columns = batch.non_tensor_batch
     if "__num_turns__" not in columns:
         return {}
@@ -112,8 +113,9 @@ def agent_loop_metrics(batch: DataProto) -> dict[str, float]:
     metrics.update(_mean_max_min("agent_loop/num_turns", as_tensor("__num_turns__")))
     metrics.update(_mean_max_min("agent_loop/tool_calls", as_tensor("__tool_calls__")))
     for key, name in (("__tool_errors__", "tool_errors"), ("__tool_seconds__", "tool_time_s"),
-                      ("__tool_reward__", "tool_reward")):
-        metrics[f"agent_loop/{name}/mean"] = as_tensor(key).mean().item()
+                      ("__tool_reward__", "tool_reward"), ("__turn_score__", "turn_score")):
+        if key in columns:
+            metrics[f"agent_loop/{name}/mean"] = as_tensor(key).mean().item()
     response_len = batch.batch["responses"].shape[-1]
     with_tools = batch.batch["attention_mask"][:, -response_len:].sum(-1).double()
     metrics["agent_loop/response_length_with_tools/mean"] = with_tools.mean().item()

@@ -10,9 +10,11 @@ sampled token ids and their log-probs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import difflib
 import importlib.util
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +26,9 @@ from verl.utils.registry import Registry
 
 __all__ = [
     "BaseRollout",
+    "EpisodeTokens",
     "SamplingParams",
+    "TurnHandler",
     "build_rollout_output",
     "check_left_padded",
     "get_rollout_class",
@@ -202,6 +206,108 @@ class BaseRollout(ABC):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample responses for left-padded prompts; the output is described in
         :func:`build_rollout_output`."""
+
+    def generate_episodes(self, prompts: DataProto, on_turn: TurnHandler) -> EpisodeTokens:
+        """Multi-turn generation: ``n`` episodes per left-padded prompt (rows ``i*n + j``), each a response
+        of at most ``response_length`` tokens made of turns the model generates and continuations the
+        caller supplies.
+
+        A turn ends at an eos or when the response budget is used up. Then
+        ``on_turn(row, turn_ids, turn_log_probs, used)`` (``used``: the row's response tokens so far) returns
+        a future; its result is the continuation (e.g. a tool result and the next assistant prompt, as
+        token ids) to append before the model's next turn, or None/[] to end the episode. An episode
+        also ends when the continuation leaves no room for a generated token.
+
+        This default runs rounds over :meth:`generate_sequences`, which keeps nothing between calls: each
+        round generates the next turn of every episode whose continuation is ready, re-reading its whole
+        context, in one call per group of episodes that have used similar parts of the budget. Engines
+        that can keep an episode's cache between turns override it (the native engine does)."""
+        params = self.sampling_params(prompts.meta_info)
+        check_left_padded(prompts.batch["attention_mask"])
+        n, budget, pad = params.n, params.response_length, params.pad_token_id
+        contexts = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.batch["input_ids"].cpu(),
+                                                                    prompts.batch["attention_mask"].cpu())]
+        rows = len(contexts) * n
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        generated: list[list[int]] = [[] for _ in range(rows)]
+        log_probs: list[list[float]] = [[] for _ in range(rows)]
+        active, round_index = list(range(rows)), 0
+        while active:
+            futures = {}
+            for group in budget_groups(active, [len(t) for t in tokens], budget):
+                batch = [contexts[r // n] + tokens[r] for r in group]
+                width = max(map(len, batch))
+                input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch], dtype=torch.long)
+                mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch], dtype=torch.long)
+                meta = {**prompts.meta_info, "n": 1, "response_length": max(budget - len(tokens[r]) for r in group)}
+                if prompts.meta_info.get("seed") is not None:
+                    meta["seed"] = int(prompts.meta_info["seed"]) + round_index
+                out = self.generate_sequences(DataProto.from_dict(
+                    {"input_ids": input_ids, "attention_mask": mask,
+                     "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=meta))
+                for i, r in enumerate(group):
+                    room = budget - len(tokens[r])
+                    valid = min(int(out.batch["response_mask"][i].sum()), room)
+                    ids = out.batch["responses"][i, :valid].tolist()
+                    lps = out.batch["rollout_log_probs"][i, :valid].tolist()
+                    tokens[r] += ids
+                    generated[r] += [1] * len(ids)
+                    log_probs[r] += lps
+                    futures[r] = on_turn(r, ids, lps, len(tokens[r]))
+            round_index += 1
+            concurrent.futures.wait(list(futures.values()))
+            active = []
+            for r, future in futures.items():
+                more = list(future.result() or [])
+                if more and len(tokens[r]) + len(more) < budget:
+                    tokens[r] += more
+                    generated[r] += [0] * len(more)
+                    log_probs[r] += [0.0] * len(more)
+                    active.append(r)
+        return EpisodeTokens.from_lists(tokens, generated, log_probs, budget, pad)
+
+
+# on_turn(row, turn_ids, turn_log_probs, used) -> future of the continuation ids (None/[]: the episode ends)
+TurnHandler = Callable[[int, list, list, int], "concurrent.futures.Future"]
+
+
+@dataclass
+class EpisodeTokens:
+    """What :meth:`BaseRollout.generate_episodes` returns, ``(rows, response_length)`` each:
+    ``responses`` (pad after ``lengths``), ``generated`` (1 on the model's own tokens, 0 on
+    continuations and padding), ``log_probs`` (float32, 0 where ``generated`` is 0), and ``lengths``
+    ``(rows,)``."""
+
+    responses: torch.Tensor
+    generated: torch.Tensor
+    log_probs: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def from_lists(cls, tokens, generated, log_probs, length: int, pad: int) -> EpisodeTokens:
+        rows = len(tokens)
+        out = cls(torch.full((rows, length), pad, dtype=torch.long), torch.zeros((rows, length), dtype=torch.long),
+                  torch.zeros((rows, length), dtype=torch.float32), torch.tensor([len(t) for t in tokens]))
+        for r in range(rows):
+            if tokens[r]:
+                out.responses[r, :len(tokens[r])] = torch.tensor(tokens[r])
+                out.generated[r, :len(tokens[r])] = torch.tensor(generated[r])
+                out.log_probs[r, :len(tokens[r])] = torch.tensor(log_probs[r], dtype=torch.float32)
+        return out
+
+
+def budget_groups(rows: list[int], used: list[int], budget: int) -> list[list[int]]:
+    """``rows`` in engine calls whose members have used similar parts of the response budget (within a
+    quarter of it): a call runs ``longest context + largest room left`` tokens, so mixing an episode near
+    its end with a fresh one would size it near prompt + 2x the response budget."""
+    spread = max(1, budget // 4)
+    groups: list[list[int]] = []
+    for r in sorted(rows, key=lambda r: used[r]):
+        if groups and used[r] - used[groups[-1][0]] <= spread:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
 
 
 def check_left_padded(attention_mask: torch.Tensor) -> None:

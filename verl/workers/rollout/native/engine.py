@@ -16,6 +16,13 @@ One call of :meth:`NativeRollout.generate_sequences`:
    budget runs out;
 4. free the cache (``free_cache_engine``), so training gets the memory back.
 
+Multi-turn episodes (:meth:`NativeRollout.generate_episodes`) run in the same loop. A row whose turn
+ends keeps its slot, paused, while the caller's ``on_turn`` future (a tool call, a simulated user)
+runs; the other rows keep decoding, and waiting rows are admitted into free slots. When the future
+has the continuation, only its tokens are prefilled into the slot, attending to the keys/values the
+slot already holds (:func:`~verl.workers.rollout.native.model.extend`), and the row decodes on. So no
+episode waits for the others' turns, and no context is computed twice.
+
 Decode is captured as one CUDA graph per batch-size bucket (``enforce_eager=True`` runs it eagerly,
 as on CPU). Graphs hold the addresses of the weights and of the cache, so they are recaptured when
 either moved.
@@ -23,6 +30,7 @@ either moved.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections import deque
 
@@ -33,12 +41,14 @@ from verl.protocol import DataProto
 from verl.utils.config import config_get
 from verl.workers.rollout.base import (
     BaseRollout,
+    EpisodeTokens,
+    TurnHandler,
     build_rollout_output,
     check_left_padded,
     register_rollout,
 )
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
-from verl.workers.rollout.native.model import DecoderWeights, decode, prefill
+from verl.workers.rollout.native.model import DecoderWeights, decode, extend, prefill
 from verl.workers.rollout.native.sampling import sample
 
 __all__ = ["NativeRollout"]
@@ -140,6 +150,23 @@ class NativeRollout(BaseRollout):
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         params = self.sampling_params(prompts.meta_info)
+        responses, log_probs, _ = self._generate(prompts, params, None)
+        return build_rollout_output(prompts, responses, log_probs, params)
+
+    @torch.no_grad()
+    def generate_episodes(self, prompts: DataProto, on_turn: TurnHandler) -> EpisodeTokens:
+        """Multi-turn episodes with continuous admission and the cache kept between turns (module docstring)."""
+        params = self.sampling_params(prompts.meta_info)
+        responses, log_probs, run = self._generate(prompts, params, on_turn)
+        generated = run.generated[: run.rows]
+        lengths = torch.as_tensor(run.lengths)
+        columns = torch.arange(params.response_length, device=responses.device)
+        inside = columns[None] < lengths.to(responses.device)[:, None]
+        generated = generated & inside
+        return EpisodeTokens(responses.masked_fill(~inside, params.pad_token_id).cpu(), generated.long().cpu(),
+                             log_probs.masked_fill(~generated, 0.0).cpu(), lengths)
+
+    def _generate(self, prompts: DataProto, params, on_turn):
         check_left_padded(prompts.batch["attention_mask"])
         self.weights.bind()
         w = self.weights
@@ -157,14 +184,14 @@ class NativeRollout(BaseRollout):
         seed = prompts.meta_info.get("seed")
         seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
         generator = torch.Generator(device=device).manual_seed(seed)
-        run = _Run(self, params, input_ids, valid, generator)
+        run = _Run(self, params, input_ids, valid, generator, on_turn)
         try:
             responses, log_probs = run.generate()
         finally:
             self.last_stats = run.stats
             if self._setting("free_cache_engine", True):
                 self.free_cache()
-        return build_rollout_output(prompts, responses, log_probs, params)
+        return responses, log_probs, run
 
     def _ensure_cache(self, rows: int, max_len: int) -> None:
         w = self.weights
@@ -185,8 +212,8 @@ class NativeRollout(BaseRollout):
 class _Run:
     """The scheduler of one ``generate_sequences`` call."""
 
-    def __init__(self, engine: NativeRollout, params, input_ids, valid, generator):
-        self.engine, self.params, self.generator = engine, params, generator
+    def __init__(self, engine: NativeRollout, params, input_ids, valid, generator, on_turn=None):
+        self.engine, self.params, self.generator, self.on_turn = engine, params, generator, on_turn
         self.w, self.cache, self.state = engine.weights, engine.cache, engine.state
         self.input_ids, self.valid = input_ids, valid
         self.width = input_ids.shape[1]
@@ -203,6 +230,12 @@ class _Run:
         self.slot_row = np.full(num_slots, -1)  # host view: which row a slot runs (-1: free)
         self.slot_steps = np.zeros(num_slots, dtype=np.int64)
         self.waiting = deque(range(self.rows))
+        # Episodes: a slot whose row waits for its continuation is paused; pending[row] is that future.
+        self.paused = np.zeros(num_slots, dtype=bool)
+        self.pending: dict[int, concurrent.futures.Future] = {}
+        self.turn_start = np.zeros(self.rows, dtype=np.int64)  # response step where the row's turn began
+        self.lengths = np.zeros(self.rows, dtype=np.int64)  # response tokens of a row once its turn ended
+        self.generated = torch.ones((self.rows + 1, params.response_length), dtype=torch.bool, device=device)
         for t in self.state.tensors():
             t.zero_()
         self.state.row.fill_(self.rows)
@@ -213,36 +246,115 @@ class _Run:
         self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
         self.chunk_tokens = max(1, int(engine._setting("max_num_batched_tokens", 8192)))
         self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                      "graph_captures": 0}
+                      "graph_captures": 0, "turns": 0, "extend_s": 0.0, "idle_s": 0.0}
 
     # ------------------------------------------------------------------ main loop
     def generate(self) -> tuple[torch.Tensor, torch.Tensor]:
         captures = self.engine.graphs.captures
         self._admit()
         while (self.slot_row >= 0).any():
-            running = np.flatnonzero(self.slot_row >= 0)
-            steps = int((self.params.response_length - self.slot_steps[running]).min())
-            if self.waiting:
-                steps = min(steps, self.sync_every)
-            elif self.eos.numel():  # rows may stop early: look now and then, to pack the rest into fewer slots
-                steps = min(steps, 4 * self.sync_every)
-            b = _bucket(int(running.max()) + 1, self.cache.num_slots)
-            tic = self._tic()
-            for _ in range(max(steps, 0)):
-                self._decode_step(b)
-            self.slot_steps[running] += max(steps, 0)
-            self.stats["decode_steps"] += max(steps, 0)
-            live = self.state.live[: int(running.max()) + 1].tolist()
-            self.stats["decode_s"] += self._toc(tic)
-            for slot in running:
-                if not live[slot]:
-                    self.slot_row[slot] = -1
+            running = np.flatnonzero((self.slot_row >= 0) & ~self.paused)
+            if len(running):
+                self._decode(running)
+            elif self.pending:  # every occupied slot waits for its continuation
+                tic = time.perf_counter()
+                concurrent.futures.wait(list(self.pending.values()), return_when=concurrent.futures.FIRST_COMPLETED)
+                self.stats["idle_s"] += time.perf_counter() - tic
+            if self.pending:
+                self._resume()
             if self.waiting:
                 self._admit()
             else:
                 self._compact()
         self.stats["graph_captures"] = self.engine.graphs.captures - captures
         return self.out_tokens[: self.rows], self.out_log_probs[: self.rows]
+
+    def _decode(self, running: np.ndarray) -> None:
+        """Decode the running slots until the next time the host must look: a free slot to refill, a
+        continuation that may be ready, or the shortest remaining budget."""
+        steps = int((self.params.response_length - self.slot_steps[running]).min())
+        if self.waiting or self.pending:
+            steps = min(steps, self.sync_every)
+        elif self.eos.numel():  # rows may stop early: look now and then, to pack the rest into fewer slots
+            steps = min(steps, 4 * self.sync_every)
+        b = _bucket(int(running.max()) + 1, self.cache.num_slots)
+        tic = self._tic()
+        for _ in range(max(steps, 0)):
+            self._decode_step(b)
+        self.slot_steps[running] += max(steps, 0)
+        self.stats["decode_steps"] += max(steps, 0)
+        live = self.state.live[: int(running.max()) + 1].tolist()
+        self.stats["decode_s"] += self._toc(tic)
+        stopped = [int(slot) for slot in running if not live[slot]]
+        if self.on_turn is None:
+            self.slot_row[stopped] = -1
+        elif stopped:
+            self._end_turns(stopped)
+
+    # ------------------------------------------------------------------ multi-turn episodes
+    def _end_turns(self, slots: list[int]) -> None:
+        """Hand each stopped row's turn to ``on_turn``; its slot (and cache) waits for the continuation."""
+        rows = self.slot_row[slots]
+        steps = self.state.step[torch.tensor(slots, device=self.device)].tolist()
+        index = torch.tensor(rows, device=self.device)
+        tokens, log_probs = self.out_tokens[index].tolist(), self.out_log_probs[index].tolist()
+        for i, (slot, row, step) in enumerate(zip(slots, rows.tolist(), steps)):
+            begin = int(self.turn_start[row])
+            self.lengths[row] = step
+            self.paused[slot] = True
+            self.stats["turns"] += 1
+            self.pending[row] = self.on_turn(row, tokens[i][begin:step], log_probs[i][begin:step], step)
+
+    def _resume(self) -> None:
+        """Rows whose continuation is ready: extend their slots with it, or free them (episode over)."""
+        ready = [row for row, future in self.pending.items() if future.done()]
+        extend_rows = []
+        for row in ready:
+            more = list(self.pending.pop(row).result() or [])
+            slot = int(np.flatnonzero(self.slot_row == row)[0])
+            self.paused[slot] = False
+            if more and self.lengths[row] + len(more) < self.params.response_length:
+                extend_rows.append((slot, row, more))
+            else:
+                self.slot_row[slot] = -1
+        # Chunks of at most max_num_batched_tokens attention rows (continuation x context columns).
+        per_chunk = max(1, self.chunk_tokens // self.cache.max_len)
+        for i in range(0, len(extend_rows), per_chunk):
+            self._extend(extend_rows[i:i + per_chunk])
+
+    def _extend(self, items: list[tuple[int, int, list[int]]]) -> None:
+        tic = self._tic()
+        s, device, pad = self.state, self.device, self.params.pad_token_id
+        slots = torch.tensor([slot for slot, _, _ in items], device=device)
+        rows = torch.tensor([row for _, row, _ in items], device=device)
+        begin = torch.tensor([int(self.lengths[row]) for _, row, _ in items], device=device)
+        counts = torch.tensor([len(more) for _, _, more in items], device=device)
+        width = int(counts.max()) + 1
+        # Each row feeds its last sampled token (its eos, as recorded: a paused slot's state and the cache
+        # column after its turn are scratch for the decode steps that ran meanwhile), then the continuation;
+        # the token sampled after it is the next turn's first.
+        fed = torch.tensor([[pad] + more + [pad] * (width - 1 - len(more)) for _, _, more in items], device=device)
+        fed[:, 0] = self.out_tokens[rows, begin - 1]
+        logits = extend(self.w, self.cache, fed, counts + 1, s.write_pos[slots], s.start[slots], slots)
+        tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
+        # The continuation goes into the response (not generated: log-prob 0, masked out of training).
+        at = torch.arange(width - 1, device=device)
+        inside = at[None] < counts[:, None]
+        cont_rows = rows[:, None].expand(-1, width - 1)[inside]
+        cont_steps = (begin[:, None] + at[None])[inside]
+        self.out_tokens[cont_rows, cont_steps] = fed[:, 1:][inside]
+        self.out_log_probs[cont_rows, cont_steps] = 0.0
+        self.generated[cont_rows, cont_steps] = False
+        step = begin + counts  # response step of the token just sampled
+        self._record(rows, step, tokens, log_probs)
+        s.tokens[slots] = tokens
+        s.write_pos[slots] += counts + 1
+        s.step[slots] = step + 1
+        s.live[slots] = ~self._stops(tokens, step + 1)
+        for slot, row, more in items:
+            self.slot_steps[slot] = self.lengths[row] + len(more) + 1
+            self.turn_start[row] = self.lengths[row] + len(more)
+        self.stats["extend_s"] += self._toc(tic)
 
     def _tic(self) -> float:
         if self.engine.profile and self.device.type == "cuda":
@@ -348,4 +460,6 @@ class _Run:
         self.state.row[src] = self.rows
         self.slot_row[holes] = self.slot_row[movers]
         self.slot_steps[holes] = self.slot_steps[movers]
+        self.paused[holes] = self.paused[movers]
         self.slot_row[movers] = -1
+        self.paused[movers] = False

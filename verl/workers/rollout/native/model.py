@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DecoderWeights", "UnsupportedModelError", "decode", "prefill"]
+__all__ = ["DecoderWeights", "UnsupportedModelError", "decode", "extend", "prefill"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # RoPE variants whose frequencies do not depend on the sequence length (dynamic/longrope do).
@@ -300,3 +300,40 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
         x = _add_linear(x, out.reshape(b, -1), lw.o, lw.o_bias)
         x = _mlp_residual(x, lw, w.eps, fused)
     return F.linear(_rms_norm(x, w.norm, w.eps), w.lm_head)
+
+
+def extend(w: DecoderWeights, cache, tokens: torch.Tensor, lengths: torch.Tensor, write_pos: torch.Tensor,
+           start: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Append tokens to sequences already in the cache (the next part of a multi-turn episode), reusing
+    their cached keys/values: row ``i`` feeds ``tokens[i, :lengths[i]]`` (right-padded ``(B, L)``) at
+    cache columns ``write_pos[i] + j`` of slot ``slots[i]``, attending to columns ``[start[i], write_pos[i]
+    + j]``. Returns the logits after each row's last token ``(B, V)``."""
+    B, L = tokens.shape
+    device = tokens.device
+    steps = torch.arange(L, device=device)
+    valid = steps[None] < lengths[:, None]
+    columns = (write_pos[:, None] + steps[None]).clamp(max=cache.max_len - 1)
+    cos_table, sin_table = w.rope(cache.max_len)
+    positions = columns - start[:, None]
+    cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]
+    visible = (cache.columns[None, None] >= start[:, None, None]) & (cache.columns[None, None] <= columns[:, :, None])
+    groups = w.num_heads // w.num_kv_heads
+    # Queries ordered (step, group) per kv head, so the cached keys are read without repeating them.
+    mask = visible[:, None, :, None, :].expand(B, 1, L, groups, cache.max_len).reshape(B, 1, L * groups, -1)
+    heads = torch.arange(w.num_kv_heads, device=device)
+    rows = ((slots[:, None, None] * w.num_kv_heads + heads[None, None]) * cache.max_len + columns[:, :, None])[valid]
+    fused = _fused(tokens)
+    x = F.embedding(tokens, w.embed)
+    for i, lw in enumerate(w.layers):
+        q, k, v = _attention_inputs(w, lw, _rms_norm(x, lw.input_norm, w.eps), cos, sin)
+        keys, values = cache.k[i], cache.v[i]
+        keys.view(-1, w.head_dim).index_copy_(0, rows.flatten(), k[valid].reshape(-1, w.head_dim))
+        values.view(-1, w.head_dim).index_copy_(0, rows.flatten(), v[valid].reshape(-1, w.head_dim))
+        q = q.view(B, L, w.num_kv_heads, groups, w.head_dim).permute(0, 2, 1, 3, 4).reshape(B, w.num_kv_heads, -1,
+                                                                                         w.head_dim)
+        out = F.scaled_dot_product_attention(q, keys[slots], values[slots], attn_mask=mask)
+        out = out.view(B, w.num_kv_heads, L, groups, w.head_dim).permute(0, 2, 1, 3, 4).reshape(B, L, -1)
+        x = x + F.linear(out, lw.o, lw.o_bias)
+        x = _mlp_residual(x, lw, w.eps, fused)
+    last = _rms_norm(x[torch.arange(B, device=device), lengths - 1], w.norm, w.eps)
+    return F.linear(last, w.lm_head)
