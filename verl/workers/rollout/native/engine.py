@@ -233,6 +233,7 @@ class _Run:
         # Episodes: a slot whose row waits for its continuation is paused; pending[row] is that future.
         self.paused = np.zeros(num_slots, dtype=bool)
         self.pending: dict[int, concurrent.futures.Future] = {}
+        self.ready_since: dict[int, int] = {}  # row -> decode step at which its continuation was seen ready
         self.turn_start = np.zeros(self.rows, dtype=np.int64)  # response step where the row's turn began
         self.lengths = np.zeros(self.rows, dtype=np.int64)  # response tokens of a row once its turn ended
         self.generated = torch.ones((self.rows + 1, params.response_length), dtype=torch.bool, device=device)
@@ -243,6 +244,7 @@ class _Run:
         if self.use_graphs:
             engine.graphs.validate((self.w.pointers(), self.cache.pointers()))
         self.sync_every = 4 if device.type == "cuda" else 1
+        self.resume_wait, self.resume_batch = 4 * self.sync_every, 16
         self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
         self.chunk_tokens = max(1, int(engine._setting("max_num_batched_tokens", 8192)))
         self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
@@ -261,7 +263,7 @@ class _Run:
                 concurrent.futures.wait(list(self.pending.values()), return_when=concurrent.futures.FIRST_COMPLETED)
                 self.stats["idle_s"] += time.perf_counter() - tic
             if self.pending:
-                self._resume()
+                self._resume(force=not len(running))
             if self.waiting:
                 self._admit()
             else:
@@ -305,11 +307,22 @@ class _Run:
             self.stats["turns"] += 1
             self.pending[row] = self.on_turn(row, tokens[i][begin:step], log_probs[i][begin:step], step)
 
-    def _resume(self) -> None:
-        """Rows whose continuation is ready: extend their slots with it, or free them (episode over)."""
+    def _resume(self, force: bool) -> None:
+        """Rows whose continuation is ready: extend their slots with it, or free them (episode over).
+
+        Continuations are batched: they are taken once ``resume_batch`` are ready, once the first of them
+        has waited ``resume_wait`` decode steps, or at once when nothing else runs (each extend call costs
+        a pass over all layers, whatever its size)."""
         ready = [row for row, future in self.pending.items() if future.done()]
+        if not ready:
+            return
+        now = self.stats["decode_steps"]
+        first = min(self.ready_since.setdefault(row, now) for row in ready)
+        if not force and len(ready) < self.resume_batch and now - first < self.resume_wait:
+            return
         extend_rows = []
         for row in ready:
+            self.ready_since.pop(row)
             more = list(self.pending.pop(row).result() or [])
             slot = int(np.flatnonzero(self.slot_row == row)[0])
             self.paused[slot] = False
@@ -317,8 +330,13 @@ class _Run:
                 extend_rows.append((slot, row, more))
             else:
                 self.slot_row[slot] = -1
-        # Chunks of at most max_num_batched_tokens attention rows (continuation x context columns).
-        per_chunk = max(1, self.chunk_tokens // self.cache.max_len)
+        if not extend_rows:
+            return
+        # Chunks of at most max_num_batched_tokens fed tokens, and attention scores (fed tokens x heads x
+        # cache columns) of at most 2**28 elements.
+        width = max(len(more) for _, _, more in extend_rows) + 1
+        per_chunk = max(1, min(self.chunk_tokens // width,
+                               2**28 // (width * self.w.num_heads * self.cache.max_len)))
         for i in range(0, len(extend_rows), per_chunk):
             self._extend(extend_rows[i:i + per_chunk])
 
@@ -335,7 +353,9 @@ class _Run:
         # the token sampled after it is the next turn's first.
         fed = torch.tensor([[pad] + more + [pad] * (width - 1 - len(more)) for _, _, more in items], device=device)
         fed[:, 0] = self.out_tokens[rows, begin - 1]
-        logits = extend(self.w, self.cache, fed, counts + 1, s.write_pos[slots], s.start[slots], slots)
+        # Host arithmetic, no device sync: a row's eos sits at cache column width + (its response length - 1).
+        span = self.width + max(int(self.lengths[row]) + len(more) for _, row, more in items)
+        logits = extend(self.w, self.cache, fed, counts + 1, s.write_pos[slots], s.start[slots], slots, span)
         tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
         # The continuation goes into the response (not generated: log-prob 0, masked out of training).
         at = torch.arange(width - 1, device=device)

@@ -303,23 +303,26 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
 
 
 def extend(w: DecoderWeights, cache, tokens: torch.Tensor, lengths: torch.Tensor, write_pos: torch.Tensor,
-           start: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+           start: torch.Tensor, slots: torch.Tensor, span: int | None = None) -> torch.Tensor:
     """Append tokens to sequences already in the cache (the next part of a multi-turn episode), reusing
     their cached keys/values: row ``i`` feeds ``tokens[i, :lengths[i]]`` (right-padded ``(B, L)``) at
     cache columns ``write_pos[i] + j`` of slot ``slots[i]``, attending to columns ``[start[i], write_pos[i]
-    + j]``. Returns the logits after each row's last token ``(B, V)``."""
+    + j]``. ``span`` (at least ``max(write_pos + lengths)``) limits the columns read. Returns the logits
+    after each row's last token ``(B, V)``."""
     B, L = tokens.shape
     device = tokens.device
+    span = cache.max_len if span is None else min(int(span), cache.max_len)
     steps = torch.arange(L, device=device)
     valid = steps[None] < lengths[:, None]
     columns = (write_pos[:, None] + steps[None]).clamp(max=cache.max_len - 1)
     cos_table, sin_table = w.rope(cache.max_len)
     positions = columns - start[:, None]
     cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]
-    visible = (cache.columns[None, None] >= start[:, None, None]) & (cache.columns[None, None] <= columns[:, :, None])
+    read = cache.columns[None, None, :span]
+    visible = (read >= start[:, None, None]) & (read <= columns[:, :, None])
     groups = w.num_heads // w.num_kv_heads
     # Queries ordered (step, group) per kv head, so the cached keys are read without repeating them.
-    mask = visible[:, None, :, None, :].expand(B, 1, L, groups, cache.max_len).reshape(B, 1, L * groups, -1)
+    mask = visible[:, None, :, None, :].expand(B, 1, L, groups, span).reshape(B, 1, L * groups, span)
     heads = torch.arange(w.num_kv_heads, device=device)
     rows = ((slots[:, None, None] * w.num_kv_heads + heads[None, None]) * cache.max_len + columns[:, :, None])[valid]
     fused = _fused(tokens)
@@ -331,7 +334,7 @@ def extend(w: DecoderWeights, cache, tokens: torch.Tensor, lengths: torch.Tensor
         values.view(-1, w.head_dim).index_copy_(0, rows.flatten(), v[valid].reshape(-1, w.head_dim))
         q = q.view(B, L, w.num_kv_heads, groups, w.head_dim).permute(0, 2, 1, 3, 4).reshape(B, w.num_kv_heads, -1,
                                                                                          w.head_dim)
-        out = F.scaled_dot_product_attention(q, keys[slots], values[slots], attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, keys[slots, :, :span], values[slots, :, :span], attn_mask=mask)
         out = out.view(B, w.num_kv_heads, L, groups, w.head_dim).permute(0, 2, 1, 3, 4).reshape(B, L, -1)
         x = x + F.linear(out, lw.o, lw.o_bias)
         x = _mlp_residual(x, lw, w.eps, fused)
