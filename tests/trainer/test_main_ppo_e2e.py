@@ -494,3 +494,43 @@ def test_auto_resume_skips_a_truncated_checkpoint_and_logs_each_step_once(gsm8k_
     # resumed from step 1, step 2 trained again; the metrics file holds each step once
     assert [r["step"] for r in again] == [1, 2]
     assert learning_metrics(again[1]) == pytest.approx(learning_metrics(records[1]), rel=1e-5, abs=1e-7)
+
+
+def test_multi_turn_with_a_simulated_user_passes_turn_scores_to_the_reward(gsm8k_setup, tmp_path, monkeypatch,
+                                                                           scripted_agent_engine):
+    """interaction_config_path through main_ppo: after the tool turn the model answers, the simulated user
+    asks once more, the model answers again; the reward function sees the user's turn scores."""
+    from verl.utils.sandbox import isolation
+
+    if isolation() != "namespaces":
+        pytest.skip(isolation())
+    (tmp_path / "doubting_user.py").write_text(
+        "from verl.interactions.base import BaseInteraction\n\n"
+        "class DoubtingUser(BaseInteraction):\n"
+        "    async def generate_response(self, instance_id, messages, **kwargs):\n"
+        "        asked = self._instances[instance_id].setdefault('asked', 0) + 1\n"
+        "        self._instances[instance_id]['asked'] = asked\n"
+        "        return asked > 1, 'Are you sure?', 0.5 * asked, {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    users = tmp_path / "users.yaml"
+    users.write_text("interaction:\n  - name: doubter\n    class_name: doubting_user.DoubtingUser\n")
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.code_interpreter.CodeInterpreterTool\n"
+                     "    tool_schema:\n      type: function\n"
+                     "      function: {name: code_interpreter, parameters: {type: object}}\n")
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(extra_info['turn_scores'] == [0.5, 1.0] and 'Are you sure?' in solution_str)\n")
+    _, records = run(gsm8k_setup, tmp_path, "multi_turn_user", "algorithm.adv_estimator=grpo",
+                     "actor_rollout_ref.rollout.n=2", "trainer.backend=local", "trainer.n_gpus_per_node=1",
+                     "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                     "data.return_raw_chat=True", "data.max_response_length=256",
+                     f"actor_rollout_ref.rollout.name={scripted_agent_engine}",
+                     "actor_rollout_ref.rollout.multi_turn.enable=True",
+                     f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                     f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={users}",
+                     f"custom_reward_function.path={reward}", monkeypatch=monkeypatch)
+    data = records[0]["data"]
+    # assistant (tool call), tool, assistant, user ("Are you sure?"), assistant; then the user ends it
+    assert data["agent_loop/num_turns/mean"] == 5 and data["agent_loop/turn_score/mean"] == 1.5
+    assert data["critic/score/mean"] == 1.0
