@@ -7,7 +7,7 @@ so a README can embed a single curve. Panels whose metrics are not in the run ar
 on stdout). The panels, in order:
 
 - ``reward``: ``critic/score/mean`` with its min/max band, ``critic/rewards/mean``
-- ``val_accuracy``: every ``val-core/*`` series, with markers (validation is sparse)
+- ``val_accuracy``: every ``val-core/*`` series but the ``/std`` ones, with markers (validation is sparse)
 - ``response_length``: ``response_length/mean`` with its min/max band; ``response_length/clip_ratio``
   on a second y axis
 - ``kl``: ``actor/ppo_kl``, ``actor/kl_loss``, ``actor/reward_kl_penalty``
@@ -221,7 +221,8 @@ def _draw_reward(ax: Axes, table: _Table) -> list[str]:
 
 def _draw_val_accuracy(ax: Axes, table: _Table) -> list[str]:
     ax.set_ylabel("accuracy")
-    return [k for key in table.with_prefix("val-core/") for k in _line(ax, table, key, markers=True)]
+    keys = [key for key in table.with_prefix("val-core/") if not key.endswith("/std")]  # spreads are not scores
+    return [k for key in keys for k in _line(ax, table, key, markers=True)]
 
 
 def _draw_response_length(ax: Axes, table: _Table) -> list[str]:

@@ -196,9 +196,10 @@ def test_flatten_core_and_aux():
                                      {"reward": [1.0, 0, 0, 1], "acc": [1.0, 0, 0, 1], "pred": list("abba")})
     flat = flatten_validation_metrics(res)
     core = {k for k in flat if k.startswith("val-core/")}
-    assert core == {"val-core/d/acc/mean@4", "val-core/d/acc/best@4/mean", "val-core/d/acc/maj@4/mean"}
+    assert core == {"val-core/d/acc/mean@4", "val-core/d/acc/best@4/mean", "val-core/d/acc/maj@4/mean",
+                    "val-core/d/acc/best@4/std", "val-core/d/acc/maj@4/std"}
     assert "val-aux/d/reward/mean@4" in flat and "val-aux/d/acc/best@2/mean" in flat
-    assert "val-aux/d/acc/best@4/std" in flat
+    assert "val-aux/d/acc/std@4" in flat and "val-aux/d/acc/worst@4/mean" in flat
     assert all(k.startswith(("val-core/", "val-aux/")) for k in flat)
     json.dumps(flat)  # plain floats
 

@@ -72,6 +72,20 @@ def test_reward_kwargs_are_bound(reward_file):
     assert fn(data_source="d", solution_str="a", ground_truth="a", extra_info=None) == 1.5
 
 
+def test_reward_kwargs_without_a_file_go_to_the_rule_rewards():
+    config = make_config(custom_reward_function={"reward_kwargs": {"normalize": True}})
+    fn = get_custom_reward_fn(config)
+    # "72.00" scores 0 with the original's exact comparison, 1 normalised.
+    assert default_compute_score("openai/gsm8k", "#### 72.00", "72") == 0.0
+    assert fn(data_source="openai/gsm8k", solution_str="#### 72.00", ground_truth="72", extra_info=None) == 1.0
+    assert fn(data_source="lighteval/MATH", solution_str=r"\boxed{0.25}", ground_truth=r"\frac{1}{4}",
+              extra_info=None) == 1.0
+    config = make_config(custom_reward_function={"reward_kwargs": {"normalize": True}},
+                         reward_model={"reward_manager": "batch"})
+    with pytest.raises(ValueError, match="reward_kwargs without custom_reward_function.path go to the rule rewards"):
+        get_custom_reward_fn(config)
+
+
 def test_missing_file_names_the_key_and_absolute_path(tmp_path):
     missing = tmp_path / "nowhere.py"
     with pytest.raises(FileNotFoundError) as info:

@@ -1,11 +1,17 @@
 import pytest
 
+"""MATH scoring worked by hand: the default is the original verl's (Hendrycks' string clean-up),
+``normalize=True`` this project's canonical numbers."""
+
 from verl.utils.reward_score.math_reward import (
     compute_score,
+    find_boxed,
     is_equiv,
     last_boxed_only_string,
+    normalize_answer,
     remove_boxed,
     strip_string,
+    unbox,
 )
 
 
@@ -18,16 +24,61 @@ def test_last_boxed_with_nested_braces():
 def test_boxed_space_form_and_fbox():
     assert last_boxed_only_string(r"so $\boxed 5$ ok") == r"\boxed 5"
     assert remove_boxed(r"\boxed 5") == "5"
-    assert remove_boxed(last_boxed_only_string(r"\fbox{7}")) == "7"
-    assert last_boxed_only_string(r"\boxed {5}") == r"\boxed{5}"
+    assert last_boxed_only_string(r"\fbox{7}") == r"\fbox{7}"
+    with pytest.raises(ValueError, match="boxed"):  # the original cannot unbox an \fbox: its score is 0
+        remove_boxed(r"\fbox{7}")
+    assert compute_score(r"\fbox{7}", "7") == 0.0
+    assert last_boxed_only_string(r"\boxed {5}") == r"\boxed {5}"  # "\boxed " form: the rest up to "$"
+    # normalised: \fbox and "\boxed {5}" read as boxes
+    assert unbox(find_boxed(r"\fbox{7}")) == "7" and find_boxed(r"\boxed {5}") == r"\boxed{5}"
+    assert compute_score(r"\fbox{7}", "7", normalize=True) == 1.0
 
 
 def test_missing_or_unbalanced_box():
     assert last_boxed_only_string("the answer is 5") is None
     assert last_boxed_only_string(r"\boxed{1 + {2}") is None
+    assert find_boxed(r"\boxed{1 + {2}") is None
     with pytest.raises(ValueError, match="boxed"):
         remove_boxed("5")
 
+
+@pytest.mark.parametrize("a, b", [
+    (r"\frac12", r"\frac{1}{2}"),
+    ("0.5", r"\frac{1}{2}"),
+    (r"\dfrac{1}{2}", "1/2"),
+    (r"5\text{ cm}", "5"),
+    (r"\left( 1, 2 \right)", "(1,2)"),
+    (r"90^\circ", "90"),
+    (r"\$10", "10"),
+    (r"50\%", "50"),
+    ("x = 5", "5"),
+    (".5", r"\frac{1}{2}"),
+    (r"\sqrt2", r"\sqrt{2}"),
+    (r"\frac1{72}", r"\frac{1}{72}"),
+])
+def test_the_originals_clean_up(a, b):
+    assert is_equiv(a, b)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("0.25", r"\frac{1}{4}"),  # only exactly 0.5 is rewritten as a fraction
+    ("1,000", "1000"),
+    ("2.0", "2"),
+    ("50%", "50"),  # only "\%" is removed
+    (r"3\mbox{ m}^2", "3"),
+    (r"\theta = \frac{\pi}{4}", r"\frac\pi4"),  # the left side is longer than two characters
+    ("5.", "5"),
+])
+def test_spellings_the_original_scores_as_different(a, b):
+    assert not is_equiv(a, b)
+    assert is_equiv(a, b, normalize=True)
+
+
+def test_when_the_clean_up_fails_the_raw_strings_are_compared():
+    assert is_equiv("a/b", "a/b") and not is_equiv("a/b", r"\frac{a}{b}")  # int("a") fails: compared as written
+    with pytest.raises(ValueError):
+        strip_string("a/b")
+    assert strip_string(r"\sqrt3") == r"\sqrt{3}" and strip_string("k = 7") == "7"
 
 @pytest.mark.parametrize("a, b", [
     (r"\frac12", r"\frac{1}{2}"),
@@ -50,18 +101,22 @@ def test_missing_or_unbalanced_box():
     ("-0.5", r"\frac{-1}{2}"),
     (r"\text{(A)}", "(A)"),
 ])
-def test_equivalent_spellings(a, b):
-    assert is_equiv(a, b)
+def test_normalized_equivalent_spellings(a, b):
+    assert is_equiv(a, b, normalize=True)
 
 
 @pytest.mark.parametrize("a, b", [
     (r"\frac{2}{4}", r"\frac{1}{2}"),  # no algebra: unreduced fractions differ
     ("x + y = 5", "5"),  # the left side is not a single symbol, so it stays
     ("2", "3"),
-    (r"\leftarrow", "arrow"),  # \left is only removed as a whole command
 ])
 def test_different_answers(a, b):
-    assert not is_equiv(a, b)
+    assert not is_equiv(a, b) and not is_equiv(a, b, normalize=True)
+
+
+def test_the_originals_quirks_are_kept():
+    assert is_equiv(r"\leftarrow", "arrow")  # the original removes "\left" inside "\leftarrow"
+    assert not is_equiv(r"\leftarrow", "arrow", normalize=True)  # normalised: only the whole command
 
 
 def test_missing_answer_is_never_equivalent():
@@ -69,10 +124,10 @@ def test_missing_answer_is_never_equivalent():
     assert not is_equiv(None, None)
 
 
-def test_strip_string_canonical_forms():
-    assert strip_string(r"\frac{-1}{2}") == r"-\frac{1}{2}"
-    assert strip_string("0.25") == r"\frac{1}{4}"
-    assert strip_string(r"\sqrt[3]{2}") == r"\sqrt[3]{2}"
+def test_normalize_answer_canonical_forms():
+    assert normalize_answer(r"\frac{-1}{2}") == r"-\frac{1}{2}"
+    assert normalize_answer("0.25") == r"\frac{1}{4}"
+    assert normalize_answer(r"\sqrt[3]{2}") == r"\sqrt[3]{2}"
 
 
 def test_compute_score():
@@ -81,8 +136,11 @@ def test_compute_score():
     assert compute_score(solution, "0.5") == 1.0
     assert compute_score(solution, r"\frac{1}{3}") == 0.0
     assert compute_score("the answer is 1/2", r"\frac{1}{2}") == 0.0
+    assert compute_score(r"\boxed{0.25}", r"\frac{1}{4}") == 0.0
+    assert compute_score(r"\boxed{0.25}", r"\frac{1}{4}", normalize=True) == 1.0
 
 
-def test_compute_score_reduces_a_full_reference_solution_to_its_box():
+def test_normalized_compute_score_reduces_a_full_reference_solution_to_its_box():
     reference = r"Half of 1 is $\boxed{\frac{1}{2}}$."
-    assert compute_score(r"\boxed{0.5}", reference) == 1.0
+    assert compute_score(r"\boxed{0.5}", reference, normalize=True) == 1.0
+    assert compute_score(r"\boxed{0.5}", reference) == 0.0

@@ -379,18 +379,18 @@ def _sample_count(metric: str) -> int:
 def flatten_validation_metrics(nested: Mapping[str, Mapping[str, Mapping[str, float]]]) -> dict[str, float]:
     """Flat metric names for :func:`process_validation_metrics`' result.
 
-    ``val-core/<data_source>/<var>/<metric>`` for the headline numbers: var ``acc`` when the data
-    source has it (else ``reward``), metric ``mean@N``, ``best@N/mean`` or ``maj@N/mean`` at the
-    largest N. Everything else is ``val-aux/<data_source>/<var>/<metric>``. With greedy
-    validation (N = 1) the core metric is ``val-core/<data_source>/reward/mean@1`` (or ``acc``).
+    ``val-core/<data_source>/<var>/<metric>`` for the headline numbers, as the original sorts them: var
+    ``acc`` when the data source has it (else ``reward``), metric ``mean@N``, ``best@N/{mean,std}`` or
+    ``maj@N/{mean,std}`` at the largest N. Everything else is ``val-aux/<data_source>/<var>/<metric>``.
+    With greedy validation (N = 1) the core metric is ``val-core/<data_source>/reward/mean@1`` (or ``acc``).
     """
     flat: dict[str, float] = {}
     for source, var2metrics in nested.items():
         core_var = "acc" if "acc" in var2metrics else "reward"
         for var, metrics in var2metrics.items():
             largest = max((_sample_count(m) for m in metrics), default=0)
-            core = {f"mean@{largest}", f"best@{largest}/mean", f"maj@{largest}/mean"}
             for metric, value in metrics.items():
-                kind = "val-core" if var == core_var and metric in core else "val-aux"
+                core = metric.startswith(("mean@", "best@", "maj@")) and _sample_count(metric) == largest
+                kind = "val-core" if var == core_var and core else "val-aux"
                 flat[f"{kind}/{source}/{var}/{metric}"] = value
     return flat

@@ -72,16 +72,24 @@ def _check_signature(fn: Callable, name: str, path: str, expected: tuple[str, ..
 def get_custom_reward_fn(config) -> Callable | None:
     """The function named by ``custom_reward_function.{path,name}``, with ``reward_kwargs`` bound.
 
-    Returns None when no path is configured. The expected signature depends on the reward manager
-    (``reward_model.reward_manager``): per sample ``(data_source, solution_str, ground_truth,
-    extra_info)`` for ``naive``/``dapo``, lists ``(data_sources, solution_strs, ground_truths,
-    extra_infos)`` for ``batch``.
+    Without a path: the rule rewards with ``reward_kwargs`` bound when some are set, else None. The
+    expected signature depends on the reward manager (``reward_model.reward_manager``): per sample
+    ``(data_source, solution_str, ground_truth, extra_info)`` for ``naive``/``dapo``, lists
+    ``(data_sources, solution_strs, ground_truths, extra_infos)`` for ``batch``.
     """
     path = config_get(config, "custom_reward_function.path")
+    reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {}) or {}))
     if not path:
-        return None
+        if not reward_kwargs:
+            return None
+        # No file: the keyword arguments go to the rule rewards (e.g. normalize=True for gsm8k and MATH).
+        from verl.utils.reward_score import default_compute_score
+
+        if config_get(config, "reward_model.reward_manager", "naive") == "batch":
+            raise ValueError("custom_reward_function.reward_kwargs without custom_reward_function.path go to the "
+                             "rule rewards, which score one sample at a time; use reward_model.reward_manager=naive")
+        return functools.partial(default_compute_score, **reward_kwargs)
     name = config_get(config, "custom_reward_function.name", "compute_score")
-    reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {})))
 
     module = _load_module(path)
     fn = getattr(module, name, None)
@@ -121,15 +129,15 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     if config_get(config, "reward_model.enable", False) or config_get(config, "custom_reward_function.path"):
         return
     from verl.utils.dataset import DatasetError
-    from verl.utils.reward_score import registered_data_sources
+    from verl.utils.reward_score import find_scorer, registered_data_sources
 
-    known = set(registered_data_sources())
+    known = registered_data_sources()
     source_key = config_get(config, "data.reward_fn_key", "data_source")
     problems = []
     sources = dataset.column_values(source_key)
     truths = dataset.column_values("reward_model")
     for (path, row, source), (_, _, reward_model) in zip(sources, truths):
-        if source not in known:
+        if find_scorer(source) is None:
             problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
         elif not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
             problems.append(f"{path}, row {row}: reward_model.ground_truth is missing or None")
@@ -138,5 +146,5 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     if problems:
         raise DatasetError(
             f"{split}: rows a rule reward cannot score (first {len(problems)}):\n  " + "\n  ".join(problems)
-            + f"\nKnown data sources: {', '.join(sorted(known))}. Fix or drop those rows, or set "
+            + f"\nKnown data sources: {', '.join(known)}. Fix or drop those rows, or set "
             "custom_reward_function.path to a reward that handles them")

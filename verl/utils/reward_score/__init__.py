@@ -3,16 +3,21 @@
 ``default_compute_score`` is the scoring function reward managers use when no
 ``custom_reward_function.path`` is configured. Each data source maps to one scorer with the signature
 ``scorer(solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict``; a new task adds
-itself with ``@register_score("my/data_source")``.
+itself with ``@register_score("my/data_source")``. A name ending in ``*`` covers every data source that
+starts with the rest (``aime*``); exact names win over such prefixes.
+
+The scorers of the data sources the original verl names score as the original does (see each module);
+``gsm8k`` and MATH take ``normalize=True`` (``custom_reward_function.reward_kwargs``) for this
+project's more forgiving comparison.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from verl.utils.reward_score import code, gsm8k, math_reward, reverse_digits
+from verl.utils.reward_score import code, gsm8k, math_dapo, math_reward, reverse_digits, search_qa
 
-__all__ = ["default_compute_score", "register_score", "registered_data_sources"]
+__all__ = ["default_compute_score", "find_scorer", "register_score", "registered_data_sources"]
 
 _SCORERS: dict[str, Callable] = {}
 
@@ -42,6 +47,15 @@ def registered_data_sources() -> list[str]:
     return sorted(_SCORERS)
 
 
+def find_scorer(data_source) -> Callable | None:
+    """The scorer of ``data_source``: its exact name, else the longest matching ``prefix*``; or None."""
+    name = str(data_source)
+    if name in _SCORERS:
+        return _SCORERS[name]
+    prefixes = [p for p in _SCORERS if p.endswith("*") and name.startswith(p[:-1])]
+    return _SCORERS[max(prefixes, key=len)] if prefixes else None
+
+
 @register_score("openai/gsm8k")
 def _score_gsm8k(solution_str, ground_truth, extra_info=None, **kwargs):
     return gsm8k.compute_score(solution_str, ground_truth, **kwargs)
@@ -50,6 +64,16 @@ def _score_gsm8k(solution_str, ground_truth, extra_info=None, **kwargs):
 @register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 def _score_math(solution_str, ground_truth, extra_info=None, **kwargs):
     return math_reward.compute_score(solution_str, ground_truth, **kwargs)
+
+
+@register_score("math_dapo", "math", "math_dapo_reasoning", "aime*")
+def _score_math_dapo(solution_str, ground_truth, extra_info=None, **kwargs):
+    return math_dapo.compute_score(solution_str, ground_truth, **kwargs)
+
+
+@register_score("searchR1_*")
+def _score_search_qa(solution_str, ground_truth, extra_info=None, **kwargs):
+    return search_qa.compute_score(solution_str, ground_truth, **kwargs)
 
 
 @register_score(*code.DATA_SOURCES)
@@ -68,7 +92,7 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
     Returns a float, or the scorer's dict unchanged when it returns one (it must hold ``"score"``).
     Extra keyword arguments go to the scorer (e.g. ``method="flexible"`` for gsm8k).
     """
-    scorer = _SCORERS.get(data_source)
+    scorer = find_scorer(data_source)
     if scorer is None:
         raise ValueError(
             f"No rule reward is registered for data_source={data_source!r}. "

@@ -1,11 +1,17 @@
-"""MATH rule reward: the last ``\\boxed{...}`` answer, compared after string normalisation.
+"""MATH rule reward: the last ``\\boxed{...}`` answer compared with the reference as strings.
 
-The comparison follows the approach of Hendrycks et al. (the MATH benchmark): both answers are
-rewritten into a canonical LaTeX string and compared for equality. There is no symbolic algebra, so
-``\\frac{2}{4}`` and ``\\frac{1}{2}`` stay different; the normalisation only removes notation that
-does not change the value (spacing, ``\\left``/``\\right``, degrees, dollars, units, percent signs,
-``x =`` prefixes) and unifies a few spellings of the same number (``\\dfrac12``, ``1/2``, ``0.5`` and
-``\\frac{1}{2}`` all become ``\\frac{1}{2}``).
+The default is the original verl's (Hendrycks et al.'s MATH code): both answers go through
+:func:`strip_string`, a fixed list of textual clean-ups (spaces, ``\\left``/``\\right``, ``tfrac``/``dfrac``,
+degrees, ``\\$``, ``\\%``, a unit after ``\\text{ ``, ``k = `` prefixes of at most two characters,
+``\\frac12`` and ``\\sqrt3`` braces, exactly ``0.5`` and integer ``a/b`` as ``\\frac{a}{b}``), then must be
+equal; when the clean-up fails the raw strings are compared. So ``0.25`` is not ``\\frac{1}{4}`` and
+``1,000`` is not ``1000``, as in the original's logs.
+
+``normalize=True`` (``custom_reward_function.reward_kwargs={normalize: true}``) is this project's more
+forgiving comparison: every decimal and integer fraction in one reduced spelling (``0.25`` =
+``1/4`` = ``\\frac{1}{4}``, ``2.0`` = ``2``), thousands separators, ``%`` and ``$``, ``\\text``/``\\mbox``
+units, one-symbol ``x =`` prefixes, ``\\fbox``, and a reference that is a full solution reduced to its
+box. There is no symbolic algebra in either: ``\\frac{2}{4}`` and ``\\frac{1}{2}`` differ.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _SPACES = re.compile(" *")
 
 
-def last_boxed_only_string(string: str) -> str | None:
+def find_boxed(string: str) -> str | None:
     """The last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``string``, braces balanced.
 
     Returns None when there is no box or its braces never close.
@@ -29,7 +35,7 @@ def last_boxed_only_string(string: str) -> str | None:
     after = start + len(cmd)
     brace = _SPACES.match(string, after).end()
     if string.startswith("{", brace):
-        end = _closing_brace(string, brace)
+        end = closing_brace(string, brace)
         return None if end is None else cmd + string[brace:end + 1]
     if brace > after:
         # "\boxed 5": the answer runs to the end of the math span or the line.
@@ -38,8 +44,8 @@ def last_boxed_only_string(string: str) -> str | None:
     return None
 
 
-def remove_boxed(boxed: str) -> str:
-    """The content of a string returned by :func:`last_boxed_only_string`."""
+def unbox(boxed: str) -> str:
+    """The content of a string returned by :func:`find_boxed`."""
     for cmd in _BOX_COMMANDS:
         if boxed.startswith(cmd + " "):
             return boxed[len(cmd) + 1:]
@@ -48,7 +54,7 @@ def remove_boxed(boxed: str) -> str:
     raise ValueError(f"not a boxed answer: {boxed[:80]!r} (expected '\\boxed{{...}}' or '\\boxed ...')")
 
 
-def _closing_brace(string: str, open_index: int) -> int | None:
+def closing_brace(string: str, open_index: int) -> int | None:
     """Index of the brace closing the one at ``open_index``, or None if it never closes."""
     depth = 0
     for i in range(open_index, len(string)):
@@ -66,7 +72,7 @@ def _read_argument(string: str, i: int) -> tuple[str | None, int]:
     if i >= len(string):
         return None, i
     if string[i] == "{":
-        end = _closing_brace(string, i)
+        end = closing_brace(string, i)
         return (None, i) if end is None else (string[i + 1:end], end + 1)
     if string[i] == "\\":
         match = re.match(r"\\[A-Za-z]+", string[i:])
@@ -124,8 +130,8 @@ def _canonical_number(string: str) -> str:
     return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
 
 
-def strip_string(string: str) -> str:
-    """Canonical form of a LaTeX answer (see the module docstring for what is normalised)."""
+def normalize_answer(string: str) -> str:
+    """Canonical form of a LaTeX answer (normalised scoring; see the module docstring)."""
     s = str(string).strip().replace("\n", "").replace("\\!", "")
     s = s.replace("\\\\", "\\")
     s = s.replace("\\tfrac", "\\frac").replace("\\dfrac", "\\frac")
@@ -143,24 +149,127 @@ def strip_string(string: str) -> str:
     return _canonical_number(s)
 
 
-def is_equiv(answer: str | None, reference: str | None) -> bool:
-    """True when both answers normalise to the same string. A missing answer is never equivalent."""
+# ----------------------------------------------------------------------------- the original's comparison
+
+def last_boxed_only_string(string: str) -> str | None:
+    """The last ``\\boxed{...}`` of ``string`` (or ``\\boxed <text up to $>``, or ``\\fbox{...}`` when there is
+    no ``\\boxed``), braces balanced; None when there is none or it never closes. As the original."""
+    if "\\boxed " in string:
+        return "\\boxed " + string.split("\\boxed ")[-1].split("$")[0]
+    start = string.rfind("\\boxed")
+    if start < 0:
+        start = string.rfind("\\fbox")
+        if start < 0:
+            return None
+    opening = string.find("{", start)
+    end = None if opening < 0 else closing_brace(string, opening)
+    return None if end is None else string[start:end + 1]
+
+
+def remove_boxed(boxed: str) -> str:
+    """The content of ``\\boxed{...}`` or ``\\boxed ...``; ValueError for anything else (an ``\\fbox``
+    too, as in the original, whose scorer then gives 0)."""
+    if boxed.startswith("\\boxed "):
+        return boxed[len("\\boxed "):]
+    if boxed.startswith("\\boxed{") and boxed.endswith("}"):
+        return boxed[len("\\boxed{"):-1]
+    raise ValueError(f"not a boxed answer: {boxed[:80]!r}")
+
+
+def _fix_fracs(string: str) -> str:
+    """``\\frac12`` -> ``\\frac{1}{2}``, ``\\frac1{72}`` -> ``\\frac{1}{72}``; gives up (unchanged) on a
+    ``\\frac`` followed by fewer than two characters."""
+    parts = string.split("\\frac")
+    out = parts[0]
+    for part in parts[1:]:
+        out += "\\frac"
+        if part[0] == "{":  # an empty part (a trailing \frac) raises, as the original does
+            out += part
+            continue
+        if len(part) < 2:
+            return string
+        first, second, rest = part[0], part[1], part[2:]
+        out += "{" + first + "}" + (second + rest if second == "{" else "{" + second + "}" + rest)
+    return out
+
+
+def _fix_a_slash_b(string: str) -> str:
+    """``3/4`` -> ``\\frac{3}{4}`` for two plain integers; a non-integer side raises (see :func:`is_equiv`)."""
+    parts = string.split("/")
+    if len(parts) != 2:
+        return string
+    a, b = int(parts[0]), int(parts[1])
+    return f"\\frac{{{a}}}{{{b}}}" if string == f"{a}/{b}" else string
+
+
+def _fix_sqrt(string: str) -> str:
+    parts = string.split("\\sqrt")
+    out = parts[0]
+    for part in parts[1:]:
+        out += "\\sqrt" + (part if part.startswith("{") else "{" + part[0] + "}" + part[1:])
+    return out
+
+
+def strip_string(string: str) -> str:
+    """The original's clean-up of a MATH answer (see the module docstring); raises on inputs it cannot
+    handle (e.g. two ``\\text{ `` units, or ``a/b`` with a non-integer side)."""
+    s = string.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "")
+    s = s.replace("\\$", "")
+    if "\\text{ " in s:
+        units = s.split("\\text{ ")
+        if len(units) != 2:
+            raise ValueError("more than one unit")
+        s = units[0]
+    s = s.replace("\\%", "")
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if not s:
+        return s
+    if s[0] == ".":
+        s = "0" + s
+    sides = s.split("=")
+    if len(sides) == 2 and len(sides[0]) <= 2:
+        s = sides[1]
+    s = _fix_sqrt(s)
+    s = s.replace(" ", "")
+    s = _fix_fracs(s)
+    if s == "0.5":
+        s = "\\frac{1}{2}"
+    return _fix_a_slash_b(s)
+
+
+def is_equiv(answer: str | None, reference: str | None, normalize: bool = False) -> bool:
+    """Whether two answers are the same after the clean-up (the original's, or ``normalize``: this
+    project's). A missing answer is never equivalent."""
     if answer is None or reference is None:
         return False
-    return strip_string(answer) == strip_string(reference)
+    if normalize:
+        return normalize_answer(answer) == normalize_answer(reference)
+    try:
+        return strip_string(answer) == strip_string(reference)
+    except (ValueError, IndexError):  # the clean-up gave up: compare as written, as the original does
+        return answer == reference
 
 
-def compute_score(solution_str: str, ground_truth: str) -> float:
+def compute_score(solution_str: str, ground_truth: str, normalize: bool = False) -> float:
     """1.0 if the last boxed answer in ``solution_str`` matches ``ground_truth``, else 0.0.
 
-    A ground truth that still contains a ``\\boxed{}`` (a full reference solution) is reduced to its
-    boxed answer first.
-    """
-    boxed = last_boxed_only_string(solution_str)
+    With ``normalize``, a ground truth that still contains a ``\\boxed{}`` (a full reference solution)
+    is reduced to its boxed answer first."""
+    reference = str(ground_truth)
+    if not normalize:
+        boxed = last_boxed_only_string(solution_str)
+        try:
+            answer = None if boxed is None else remove_boxed(boxed)
+        except ValueError:
+            return 0.0
+        return 1.0 if is_equiv(answer, reference) else 0.0
+    boxed = find_boxed(solution_str)
     if boxed is None:
         return 0.0
-    reference = str(ground_truth)
     if any(cmd in reference for cmd in _BOX_COMMANDS):
-        reference_box = last_boxed_only_string(reference)
-        reference = remove_boxed(reference_box) if reference_box else reference
-    return 1.0 if is_equiv(remove_boxed(boxed), reference) else 0.0
+        reference_box = find_boxed(reference)
+        reference = unbox(reference_box) if reference_box else reference
+    return 1.0 if is_equiv(unbox(boxed), reference, normalize=True) else 0.0
