@@ -12,6 +12,38 @@ def config(*overrides):
     return compose_ppo_config(["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", *overrides])
 
 
+@pytest.fixture(autouse=True)
+def hub_answers(monkeypatch):
+    """The other checks, on a machine where the hub id of the model could be downloaded."""
+    from verl.trainer import preflight as module
+
+    monkeypatch.setattr(module, "_hub_reachable", lambda timeout=3.0: True)
+
+
+def test_a_model_path_that_is_neither_a_folder_nor_reachable_is_named_in_seconds(tmp_path, monkeypatch):
+    import time
+
+    from verl.trainer import preflight as module
+
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"")
+    probes = []
+    monkeypatch.setattr(module, "_hub_reachable", lambda timeout=3.0: probes.append(timeout) or False)
+    tic = time.perf_counter()
+    errors = preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu",
+                                     "critic.model.path=models/Qwen 0.5B"), cuda_available=False)
+    assert time.perf_counter() - tic < 5 and probes == [3.0]  # one bounded probe, no hub retries
+    assert errors[0].startswith("actor_rollout_ref.model.path: 'Qwen/Qwen2.5-0.5B-Instruct' is no folder here (")
+    assert "not in the Hugging Face cache, and the hub cannot be reached (offline)" in errors[0]
+    # Not an id at all (a space): a mistyped folder, said without asking the hub.
+    critic = [e for e in errors if e.startswith("critic.model.path")]
+    assert critic == [f"critic.model.path: 'models/Qwen 0.5B' is no folder here ({tmp_path.cwd()}/models/Qwen 0.5B) "
+                      "and not a Hugging Face id. Give the model's folder (with config.json)"]
+    # A cached id needs no hub.
+    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
+    assert preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu"), cuda_available=False) == []
+
+
 def test_missing_files_gpu_and_resume_folder_are_named(tmp_path):
     train = tmp_path / "train.parquet"
     train.write_bytes(b"")

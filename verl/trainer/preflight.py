@@ -1,6 +1,8 @@
 """Checks of the machine and the files a run needs, after the config is valid and before anything
 starts (no Ray, no worker, no model load): data files exist, a GPU is there when ``trainer.device=cuda``
-and the run starts its own Ray cluster here, a ``resume_path`` checkpoint is a checkpoint.
+and the run starts its own Ray cluster here, a ``resume_path`` checkpoint is a checkpoint, and a model
+given as a Hugging Face id is in the local cache or the hub answers (offline first: a path that is
+neither a folder here nor a cached id is reported in seconds, not after the hub client's retries).
 
 :func:`validate_config` checks the config alone (it passes for a command written on another machine);
 ``main_ppo`` and ``python -m verl.trainer.config_validation`` run both.
@@ -9,12 +11,79 @@ and the run starts its own Ray cluster here, a ``resume_path`` checkpoint is a c
 from __future__ import annotations
 
 import os
+import threading
+import urllib.parse
 
 from verl.trainer.config import ConfigError
+
+ACTOR_MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path")
 
 
 def _local(path: str) -> bool:
     return "://" not in path  # hdfs://, s3://, ... are read by their own clients
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout`` seconds (name lookup
+    included: it runs in a thread that is abandoned when it takes longer)."""
+    import socket
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    result = []
+
+    def connect():
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                     timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            pass
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return bool(result)
+
+
+def _model_id_errors(config) -> list[str]:
+    """Model paths that are not folders here: a valid hub id, cached or with the hub reachable."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from verl.models.loader import looks_local
+
+    algorithm, critic = config.get("algorithm") or {}, config.get("critic") or {}
+    uses_critic = critic.get("enable") if critic.get("enable") is not None else algorithm.get("adv_estimator") == "gae"
+    keys = list(ACTOR_MODEL_KEYS)
+    keys += ["critic.model.path", "critic.model.tokenizer_path"] if uses_critic else []
+    keys += ["reward_model.model.path"] if (config.get("reward_model") or {}).get("enable") else []
+    errors, reachable = [], None
+    for key in keys:
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        if not isinstance(node, str) or not node or looks_local(node):
+            continue  # unset, or a local folder (the config check looks inside those)
+        here = os.path.abspath(node)
+        try:
+            validate_repo_id(node)
+        except HFValidationError:
+            errors.append(f"{key}: {node!r} is no folder here ({here}) and not a Hugging Face id. Give the model's "
+                          "folder (with config.json)")
+            continue
+        if isinstance(try_to_load_from_cache(node, "config.json"), str):
+            continue
+        if reachable is None:
+            reachable = _hub_reachable()
+        if not reachable:
+            errors.append(f"{key}: {node!r} is no folder here ({here}), not in the Hugging Face cache, and the hub "
+                          "cannot be reached (offline) to download it. Give a local model folder (`huggingface-cli "
+                          "download ID --local-dir DIR` on a machine with network), or fix the path")
+    return errors
 
 
 def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
@@ -30,6 +99,7 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
             if _local(path) and not os.path.exists(os.path.expanduser(path)):
                 errors.append(f"data.{key}: {path!r} does not exist. Give the parquet file(s) the preprocessing "
                               "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)")
+    errors += _model_id_errors(config)
     trainer = config.trainer
     joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(config.get("ray_kwargs", {}).get("ray_init", {})
                                                                   .get("address"))

@@ -508,6 +508,12 @@ def test_cli_prints_the_success_line_or_the_problems(capsys, tmp_path, monkeypat
     (tmp_path / "data/processed/gsm8k").mkdir(parents=True)
     for name in ("train", "test"):
         (tmp_path / f"data/processed/gsm8k/{name}.parquet").write_bytes(b"")
+    from verl.trainer import preflight
+
+    monkeypatch.setattr(preflight, "_hub_reachable", lambda timeout=3.0: False)  # this machine: no network
+    assert main([*SEED, "trainer.device=cpu"]) == 1
+    assert "- actor_rollout_ref.model.path: 'Qwen/Qwen2.5-0.5B-Instruct' is no folder here" in capsys.readouterr().err
+    monkeypatch.setattr(preflight, "_hub_reachable", lambda timeout=3.0: True)  # a machine that can download it
     assert main([*SEED, "trainer.device=cpu"]) == 0
     assert capsys.readouterr().out.strip() == SUCCESS_LINE
     assert main([*SEED, "trainer.n_gpu_per_node=2"]) == 1
