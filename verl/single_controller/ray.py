@@ -28,6 +28,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
                                             PlacementGroupSchedulingStrategy)
 
+from verl.single_controller import watchdog
 from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV
 from verl.single_controller.worker_group import (ClassWithInitArgs, WorkerError, WorkerGroup,
                                                  colocated_worker_class)
@@ -36,6 +37,9 @@ __all__ = ["init_ray", "ResourcePool", "RayWorkerGroup", "ClassWithInitArgs",
            "create_colocated_worker_groups"]
 
 logger = logging.getLogger("verl.single_controller")
+# Watchdogs of the local Ray instances this process started; kept referenced, since closing a watchdog's
+# pipe (which garbage collection of its Popen would do) is what tells it the driver has ended.
+_WATCHDOGS: list = []
 
 # After one rank raises, how long the others get to finish before we assume they are stuck in a
 # collective waiting for it and stop the group.
@@ -105,6 +109,8 @@ def init_ray(ray_kwargs: Mapping | None = None, device: str = "cuda") -> None:
     loopback = ray_init["_node_ip_address"] in ("127.0.0.1", "localhost")
     with _loopback_node_address() if loopback else contextlib.nullcontext():
         ray.init(address="local", runtime_env=runtime_env, **ray_init)
+    # Ray's processes are this driver's children: stop them even if it is killed (kill -9, OOM).
+    _WATCHDOGS.append(watchdog.guard())
     logger.info("Ray: started a local instance on %s with %s CPUs (set RAY_ADDRESS or "
                 "ray_kwargs.ray_init.address to join a cluster)", ray_init["_node_ip_address"],
                 ray_init["num_cpus"])
