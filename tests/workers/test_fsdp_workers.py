@@ -139,7 +139,8 @@ def test_update_actor_moves_log_probs_with_the_advantages(generated):
                 "actor/lr", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb"):
         assert key in metrics and all(math.isfinite(v) for v in metrics[key]), key
     assert "actor/kl_loss" not in metrics and "actor/entropy" not in metrics
-    assert len(metrics["actor/pg_loss"]) == 2 and len(metrics["actor/grad_norm"]) == 1  # 2 micro-batches, 1 step
+    assert len(metrics["actor/pg_clipfrac"]) == 2 and len(metrics["actor/grad_norm"]) == 1  # 2 micro-batches, 1 step
+    assert len(metrics["actor/pg_loss"]) == 1  # the losses: once per optimizer step
     assert metrics["actor/ppo_kl"][0] == pytest.approx(0.0, abs=1e-6) and metrics["actor/pg_clipfrac"][0] == 0.0
     assert metrics["actor/lr"] == [1e-3] and metrics["perf/max_memory_allocated_gb"] == [0.0]
     assert metrics["perf/cpu_memory_used_gb"][0] > 0
@@ -178,7 +179,11 @@ def test_gradient_accumulation_matches_one_micro_batch(base_config, tiny_tokeniz
         batch.union(group.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
         batch.batch["advantages"] = torch.randn(4, RESPONSE, generator=torch.Generator().manual_seed(3))
         metrics = group.update_actor(batch).meta_info["metrics"]
-        assert len(metrics["actor/pg_loss"]) == {"1 row": 4, "4 rows": 1, "19 tokens": 2, "packed, default": 2}[name]
+        assert len(metrics["actor/pg_clipfrac"]) == {"1 row": 4, "4 rows": 1, "19 tokens": 2, "packed, default": 2}[name]
+        # On-policy (ratio 1) the mini-batch's token-mean loss is -sum(A * mask) / sum(mask), whatever the split.
+        mask = batch.batch["response_mask"].float()
+        expected = -float((batch.batch["advantages"] * mask).sum() / mask.sum())
+        assert metrics["actor/pg_loss"] == [pytest.approx(expected, abs=1e-5)], name
         states[name] = group.worker.actor_engine.full_state_dict()
     for name, state in states.items():
         for key, value in state.items():
@@ -249,8 +254,9 @@ def test_critic_values_and_update(base_config, tiny_tokenizer):
         metrics = group.update_critic(batch).meta_info["metrics"]
         for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"):
             assert key in metrics and all(math.isfinite(v) for v in metrics[key]), key
-        assert len(metrics["critic/vf_loss"]) == 2 and len(metrics["critic/grad_norm"]) == 1
-        losses.append(sum(metrics["critic/vf_loss"]) / 2)
+        assert len(metrics["critic/vf_clipfrac"]) == 2 and len(metrics["critic/grad_norm"]) == 1
+        assert len(metrics["critic/vf_loss"]) == 1  # the mini-batch's loss
+        losses.append(metrics["critic/vf_loss"][0])
     assert losses[2] < losses[1] < losses[0]
 
 

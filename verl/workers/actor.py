@@ -119,12 +119,17 @@ def check_finite(data: DataProto, key: str, stage: str) -> None:
         )
 
 
+# Losses reported once per mini-batch (its loss); other metrics once per micro-batch.
+LOSS_METRICS = ("pg_loss", "kl_loss", "vf_loss")
+
+
 def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micro: int | None,
                      max_token_len: int | None, loss_fn) -> dict[str, list]:
     """The PPO update loop shared by actor and critic: ``ppo_epochs`` passes over ``data`` in
     mini-batches of ``mini`` rows (shuffled with ``data_loader_seed`` when ``shuffle``), one optimizer
-    step per mini-batch over its micro-batches. Returns the ``<role>/...`` metrics as lists, with
-    ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step."""
+    step per mini-batch over its micro-batches. Returns the ``<role>/...`` metrics as lists: the losses
+    (:data:`LOSS_METRICS`), ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step, the others
+    once per micro-batch."""
     if not mini or len(data) % mini:
         section = {"actor": "actor_rollout_ref.actor"}.get(role, role)
         raise ValueError(
@@ -152,7 +157,11 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
                 m.meta_info["loss_scale"] = len(m) / mini
         stats = engine.train_step(micros, loss_fn)
         for key, values in stats.items():
-            if key.startswith(f"{role}/"):
+            if key.split("/", 1)[-1] in LOSS_METRICS and key.startswith(f"{role}/"):
+                # The mini-batch's loss, as the original reports it now: the micro-batch losses weighted by
+                # the same shares as their gradients (one value per optimizer step, whatever the micro split).
+                metrics[key].append(sum(float(v) * m.meta_info["loss_scale"] for v, m in zip(values, micros)))
+            elif key.startswith(f"{role}/"):
                 metrics[key].extend(values)
         metrics[f"{role}/grad_norm"].append(stats["grad_norm"])
         metrics[f"{role}/lr"].append(stats["lr"])
@@ -213,10 +222,10 @@ class DataParallelPPOActor:
         a separate no-grad pass would have computed them, and they are returned (with the entropy) as
         ``old_log_probs``/``entropys`` rows in the input order; otherwise the second value is None.
 
-        Returns metrics as lists: per micro-batch ``actor/pg_loss``, ``actor/pg_clipfrac``,
-        ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (plus any extra metric of the policy loss),
-        ``actor/entropy`` when computed, ``actor/kl_loss``/``actor/kl_coef`` with ``use_kl_loss``;
-        per optimizer step ``actor/grad_norm`` and ``actor/lr``.
+        Returns metrics as lists: per micro-batch ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``,
+        ``actor/ppo_kl`` (plus any extra metric of the policy loss), ``actor/entropy`` when computed,
+        ``actor/kl_coef`` with ``use_kl_loss``; per optimizer step ``actor/pg_loss``, ``actor/kl_loss``
+        (the mini-batch's), ``actor/grad_norm`` and ``actor/lr``.
         """
         config = self.config
         fuse_old = "old_log_probs" not in data.batch
