@@ -179,7 +179,8 @@ def test_gradient_accumulation_matches_one_micro_batch(base_config, tiny_tokeniz
         batch.union(group.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
         batch.batch["advantages"] = torch.randn(4, RESPONSE, generator=torch.Generator().manual_seed(3))
         metrics = group.update_actor(batch).meta_info["metrics"]
-        assert len(metrics["actor/pg_clipfrac"]) == {"1 row": 4, "4 rows": 1, "19 tokens": 2, "packed, default": 2}[name]
+        micro_batches = {"1 row": 4, "4 rows": 1, "19 tokens": 2, "packed, default": 2}[name]
+        assert len(metrics["actor/pg_clipfrac"]) == micro_batches
         # On-policy (ratio 1) the mini-batch's token-mean loss is -sum(A * mask) / sum(mask), whatever the split.
         mask = batch.batch["response_mask"].float()
         expected = -float((batch.batch["advantages"] * mask).sum() / mask.sum())
