@@ -91,6 +91,10 @@ CASES = {
                                                        "algorithm.filter_groups.metric=acc", f"{AR}.rollout.n=1"],
                                          [f"{AR}.rollout.n: is 1, but algorithm.filter_groups keeps groups whose "
                                           "samples differ", "Set actor_rollout_ref.rollout.n to 2 or more"]),
+    "reward_kwargs the scorer does not take": (lambda s, t: ["+custom_reward_function.reward_kwargs.bonus=1"],
+                                                ["row 0: the scorer of data_source='openai/gsm8k' takes no "
+                                                 "custom_reward_function.reward_kwargs ['bonus']",
+                                                 "(it takes ['method', 'format_score', 'score', 'normalize'])"]),
     "negative learning rate": (lambda s, t: [f"{AR}.actor.optim.lr=-1e-6"],
                                [f"{AR}.actor.optim.lr: must be > 0, got -1e-06", "Set a positive value"]),
 }

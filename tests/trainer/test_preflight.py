@@ -39,9 +39,29 @@ def test_a_model_path_that_is_neither_a_folder_nor_reachable_is_named_in_seconds
     critic = [e for e in errors if e.startswith("critic.model.path")]
     assert critic == [f"critic.model.path: 'models/Qwen 0.5B' is no folder here ({tmp_path.cwd()}/models/Qwen 0.5B) "
                       "and not a Hugging Face id. Give the model's folder (with config.json)"]
+    # Joining a cluster: its nodes may have the cache or the network, so the driver does not judge.
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu"), cuda_available=False) == []
+    monkeypatch.delenv("RAY_ADDRESS")
     # A cached id needs no hub.
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
     assert preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu"), cuda_available=False) == []
+
+
+def test_the_hub_probe_is_bounded_and_trusts_a_proxy(monkeypatch):
+    import time
+
+    from verl.trainer import preflight as module
+
+    monkeypatch.undo()  # the real probe, not the fixture's
+    for key in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "https://192.0.2.1")  # TEST-NET-1: never answers
+    tic = time.perf_counter()
+    assert module._hub_reachable(timeout=1.0) is False
+    assert time.perf_counter() - tic < 2.0
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # through a proxy: left to the loader
+    assert module._hub_reachable(timeout=1.0) is True
 
 
 def test_missing_files_gpu_and_resume_folder_are_named(tmp_path):

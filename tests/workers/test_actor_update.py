@@ -64,3 +64,21 @@ def test_off_policy_update_without_old_log_probs_is_refused(single_rank, tiny_qw
     actor.mini_batch_size = 3  # two optimizer steps per batch: the second is off-policy
     with pytest.raises(ValueError, match="only allowed for an on-policy update.*call compute_log_prob first"):
         actor.update_policy(_batch(actor.engine.module.config.vocab_size), temperature=1.0)
+
+
+def test_loss_metrics_sum_the_mini_batch_losses_of_the_update(single_rank, tiny_qwen2_dir):
+    """As the original reports them: pg_loss is the sum over mini-batches (and epochs) of each mini-batch's
+    token-mean loss. With lr 0 every ratio is 1, so each mini-batch's loss is -sum(A * mask) / sum(mask)."""
+    engine = FSDPEngine(load_causal_lm(tiny_qwen2_dir), optim_config={**OPTIM, "lr": 0.0},
+                        fsdp_config={"dtype": "float32"})
+    config = {**CONFIG, "ppo_epochs": 2, "use_kl_loss": False}
+    actor = DataParallelPPOActor(config, engine, mini_batch_size=3, micro_batch_size=2)
+    data = _batch(engine.module.config.vocab_size)
+    old, _ = actor.compute_log_prob(data, temperature=1.0, micro_batch_size=2)
+    metrics, _ = actor.update_policy(DataProto.from_dict({**data.batch, "old_log_probs": old}), temperature=1.0)
+    advantages, mask = data.batch["advantages"], data.batch["response_mask"].float()
+    per_mini_batch = [-float((advantages[rows] * mask[rows]).sum() / mask[rows].sum()) for rows in (slice(0, 3),
+                                                                                                     slice(3, 6))]
+    assert metrics["actor/pg_loss"] == [pytest.approx(2 * sum(per_mini_batch), abs=1e-5)]  # 2 epochs x 2
+    assert metrics["actor/kl_loss"] == [0.0] and len(metrics["actor/grad_norm"]) == 4
+    assert len(metrics["actor/pg_clipfrac"]) == 8  # per micro-batch: 2 epochs x 2 mini-batches x 2

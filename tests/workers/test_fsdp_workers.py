@@ -138,9 +138,9 @@ def test_update_actor_moves_log_probs_with_the_advantages(generated):
     for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/grad_norm",
                 "actor/lr", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb"):
         assert key in metrics and all(math.isfinite(v) for v in metrics[key]), key
-    assert "actor/kl_loss" not in metrics and "actor/entropy" not in metrics
+    assert metrics["actor/kl_loss"] == [0.0] and "actor/entropy" not in metrics  # kl_loss 0 without KL loss
     assert len(metrics["actor/pg_clipfrac"]) == 2 and len(metrics["actor/grad_norm"]) == 1  # 2 micro-batches, 1 step
-    assert len(metrics["actor/pg_loss"]) == 1  # the losses: once per optimizer step
+    assert len(metrics["actor/pg_loss"]) == 1  # the losses: once per update
     assert metrics["actor/ppo_kl"][0] == pytest.approx(0.0, abs=1e-6) and metrics["actor/pg_clipfrac"][0] == 0.0
     assert metrics["actor/lr"] == [1e-3] and metrics["perf/max_memory_allocated_gb"] == [0.0]
     assert metrics["perf/cpu_memory_used_gb"][0] > 0

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["descendants", "guard"]
 
+_WATCHDOG_PIDS: set[int] = set()
+
 
 def _stat(pid: int) -> tuple[int, int] | None:
     """``(parent pid, start time)`` of a process, or None when it is gone (or a zombie)."""
@@ -63,10 +65,13 @@ def guard(pids: list[tuple[int, int]] | None = None) -> subprocess.Popen | None:
     if not os.path.isdir("/proc"):
         return None
     pids = descendants(os.getpid()) if pids is None else pids
+    pids = [(pid, start) for pid, start in pids if pid not in _WATCHDOG_PIDS]  # earlier watchdogs are not helpers
     if not pids:
         return None
-    watchdog = subprocess.Popen([sys.executable, "-m", "verl.single_controller.watchdog"], stdin=subprocess.PIPE,
+    # Run as a plain script (standard library only): no package import, no torch, nothing to fail to import.
+    watchdog = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                 start_new_session=True, close_fds=True)
+    _WATCHDOG_PIDS.add(watchdog.pid)
     watchdog.stdin.write((json.dumps(pids) + "\n").encode())
     watchdog.stdin.flush()  # the pipe stays open: its end-of-file is the driver's death
     return watchdog

@@ -32,13 +32,16 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
     if constants.HF_HUB_OFFLINE:
         return False
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                       "all_proxy")):
+        return True  # the hub is reached through a proxy: a direct connection says nothing, let the loader try
     url = urllib.parse.urlparse(constants.ENDPOINT)
     result = []
 
     def connect():
-        try:
+        try:  # each resolved address gets a third of the time (an unroutable IPv6 one must not use it all)
             socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                     timeout=timeout).close()
+                                     timeout=timeout / 3).close()
             result.append(True)
         except OSError:
             pass
@@ -49,8 +52,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     return bool(result)
 
 
-def _model_id_errors(config) -> list[str]:
-    """Model paths that are not folders here: a valid hub id, cached or with the hub reachable."""
+def _model_id_errors(config, joins_cluster: bool) -> list[str]:
+    """Model paths that are not folders here: a valid hub id, cached or with the hub reachable (not asked
+    when joining a cluster: the workers there may have the cache or the network)."""
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -75,7 +79,8 @@ def _model_id_errors(config) -> list[str]:
             errors.append(f"{key}: {node!r} is no folder here ({here}) and not a Hugging Face id. Give the model's "
                           "folder (with config.json)")
             continue
-        if isinstance(try_to_load_from_cache(node, "config.json"), str):
+        marker = "tokenizer_config.json" if key.endswith("tokenizer_path") else "config.json"
+        if isinstance(try_to_load_from_cache(node, marker), str) or joins_cluster:
             continue
         if reachable is None:
             reachable = _hub_reachable()
@@ -99,10 +104,10 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
             if _local(path) and not os.path.exists(os.path.expanduser(path)):
                 errors.append(f"data.{key}: {path!r} does not exist. Give the parquet file(s) the preprocessing "
                               "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)")
-    errors += _model_id_errors(config)
     trainer = config.trainer
     joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(config.get("ray_kwargs", {}).get("ray_init", {})
                                                                   .get("address"))
+    errors += _model_id_errors(config, joins_cluster)
     if str(trainer.get("device", "cuda")) == "cuda" and not joins_cluster:
         if cuda_available is None:
             import torch

@@ -119,7 +119,9 @@ def check_finite(data: DataProto, key: str, stage: str) -> None:
         )
 
 
-# Losses reported once per mini-batch (its loss); other metrics once per micro-batch.
+# Losses reported once per update, as the original reports them: the sum over every epoch and mini-batch
+# of the mini-batch's loss (its micro-batch losses weighted like their gradients). Other metrics: one value
+# per micro-batch.
 LOSS_METRICS = ("pg_loss", "kl_loss", "vf_loss")
 
 
@@ -128,8 +130,8 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
     """The PPO update loop shared by actor and critic: ``ppo_epochs`` passes over ``data`` in
     mini-batches of ``mini`` rows (shuffled with ``data_loader_seed`` when ``shuffle``), one optimizer
     step per mini-batch over its micro-batches. Returns the ``<role>/...`` metrics as lists: the losses
-    (:data:`LOSS_METRICS`), ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step, the others
-    once per micro-batch."""
+    (:data:`LOSS_METRICS`) once per update, ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step,
+    the others once per micro-batch."""
     if not mini or len(data) % mini:
         section = {"actor": "actor_rollout_ref.actor"}.get(role, role)
         raise ValueError(
@@ -139,6 +141,7 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
     agg_mode = config_get(config, "loss_agg_mode", "token-mean")
     world = dist.get_world_size() if dist.is_initialized() else 1
     metrics: dict[str, list] = defaultdict(list)
+    losses: dict[str, float] = {}
     # A new shuffle order every training step (and every epoch within it), reproducible from the seed.
     seed = int(config_get(config, "data_loader_seed", 42)) + int(data.meta_info.get("global_steps", 0))
     batches = data.make_iterator(mini, epochs=int(config_get(config, "ppo_epochs", 1)),
@@ -158,13 +161,13 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
         stats = engine.train_step(micros, loss_fn)
         for key, values in stats.items():
             if key.split("/", 1)[-1] in LOSS_METRICS and key.startswith(f"{role}/"):
-                # The mini-batch's loss, as the original reports it now: the micro-batch losses weighted by
-                # the same shares as their gradients (one value per optimizer step, whatever the micro split).
-                metrics[key].append(sum(float(v) * m.meta_info["loss_scale"] for v, m in zip(values, micros)))
+                mini_batch_loss = sum(float(v) * m.meta_info["loss_scale"] for v, m in zip(values, micros))
+                losses[key] = losses.get(key, 0.0) + mini_batch_loss
             elif key.startswith(f"{role}/"):
                 metrics[key].extend(values)
         metrics[f"{role}/grad_norm"].append(stats["grad_norm"])
         metrics[f"{role}/lr"].append(stats["lr"])
+    metrics.update({key: [value] for key, value in losses.items()})
     return dict(metrics)
 
 
@@ -224,8 +227,9 @@ class DataParallelPPOActor:
 
         Returns metrics as lists: per micro-batch ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``,
         ``actor/ppo_kl`` (plus any extra metric of the policy loss), ``actor/entropy`` when computed,
-        ``actor/kl_coef`` with ``use_kl_loss``; per optimizer step ``actor/pg_loss``, ``actor/kl_loss``
-        (the mini-batch's), ``actor/grad_norm`` and ``actor/lr``.
+        ``actor/kl_coef`` with ``use_kl_loss``; per optimizer step ``actor/grad_norm`` and ``actor/lr``;
+        once per update ``actor/pg_loss`` and ``actor/kl_loss`` (0 without ``use_kl_loss``), each the sum
+        over epochs and mini-batches of the mini-batch's loss, as the original reports them.
         """
         config = self.config
         fuse_old = "old_log_probs" not in data.batch
@@ -253,6 +257,7 @@ class DataParallelPPOActor:
         loss_fn = self._make_loss_fn(temperature, recorded)
         metrics = run_mini_batches(self.engine, data, config, "actor", self.mini_batch_size, self.micro_batch_size,
                                    self.max_token_len, loss_fn)
+        metrics.setdefault("actor/kl_loss", [0.0])  # logged without KL loss too, as the original does
         return metrics, (DataProto(batch=recorded) if recorded is not None else None)
 
     def _make_loss_fn(self, temperature: float, recorded: dict[str, torch.Tensor] | None = None):

@@ -75,10 +75,16 @@ def test_spellings_the_original_scores_as_different(a, b):
 
 
 def test_when_the_clean_up_fails_the_raw_strings_are_compared():
-    assert is_equiv("a/b", "a/b") and not is_equiv("a/b", r"\frac{a}{b}")  # int("a") fails: compared as written
-    with pytest.raises(ValueError):
-        strip_string("a/b")
+    with pytest.raises(IndexError):
+        strip_string(r"2\sqrt")  # a \sqrt with nothing after it
+    assert is_equiv(r"2\sqrt", r"2\sqrt") and not is_equiv(r"2\sqrt", r"2 \sqrt")  # compared as written
     assert strip_string(r"\sqrt3") == r"\sqrt{3}" and strip_string("k = 7") == "7"
+
+
+def test_a_slash_b_with_a_non_integer_side_stays_as_written():
+    assert strip_string("x / 2") == "x/2" and strip_string("3/4") == r"\frac{3}{4}"
+    assert compute_score(r"\boxed{x / 2}", "x/2") == 1.0
+    assert compute_score(r"\boxed{\left(\pi/2\right)}", r"(\pi/2)") == 1.0
 
 @pytest.mark.parametrize("a, b", [
     (r"\frac12", r"\frac{1}{2}"),

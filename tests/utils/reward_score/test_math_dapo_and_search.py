@@ -36,6 +36,12 @@ def test_dapo_score_reads_the_last_answer_line():
     assert not dapo_score("Answer: 42\n" + "x" * 300, "42")["acc"]
 
 
+def test_dapo_falls_back_to_the_last_box_without_an_answer_line():
+    assert dapo_score(r"so it is \boxed{1,000}", "1000") == {"score": 1.0, "acc": True, "pred": "1000"}
+    assert dapo_score(r"\boxed{42}" + "." * 120, "42")["pred"] == "[INVALID]"  # the box is not in the last 100
+    assert not dapo_score("Answer: 41\n" + r"\boxed{42}", "42")["acc"]  # an Answer: line wins over a box
+
+
 def test_dapo_strict_box_compares_the_last_box_as_written():
     assert dapo_score(r"so \boxed{42}", "42", strict_box_verify=True)["acc"]
     assert not dapo_score(r"so \boxed{42.0}", "42", strict_box_verify=True)["acc"]
@@ -50,6 +56,8 @@ def test_exact_match_by_hand():
     assert em_score("<answer>Paris</answer>", truth, format_score=0.1) == 0.1
     assert em_score("Eiffel Tower", truth) == 0.0  # no tags: no answer
     assert em_score("<answer>Paris</answer>", "paris") == 1.0  # a plain string target
+    spam = "<answer>x</answer>" * 11 + "<answer>Eiffel Tower</answer>"
+    assert em_score(spam, truth) == 0.25  # right, but among more than 10 answer tags
 
 
 def test_data_sources_dispatch_as_the_original_names_them():

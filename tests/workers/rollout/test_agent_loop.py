@@ -219,3 +219,37 @@ def test_a_simulated_user_asks_again_until_the_answer_is_right(tiny_tokenizer, t
     unknown.non_tensor_batch["extra_info"] = np.array([{"interaction_kwargs": {"name": "tutor"}}], dtype=object)
     with pytest.raises(ValueError, match=r"prompt 0: extra_info.interaction_kwargs.name='tutor' names no interaction"):
         agent.generate_sequences(unknown)
+
+
+class Recording(Calculator):
+    """Counts live instances; ``fail_create`` makes the n-th create raise, ``fail_release`` every release."""
+
+    def __init__(self, fail_create=None, fail_release=False):
+        super().__init__({}, SCHEMA)
+        self.live, self.created, self.fail_create, self.fail_release = set(), 0, fail_create, fail_release
+
+    async def create(self, instance_id=None, **kwargs):
+        self.created += 1
+        if self.created == self.fail_create:
+            raise OSError("sandbox unavailable")
+        instance = await super().create(instance_id, **kwargs)
+        self.live.add(instance)
+        return instance
+
+    async def release(self, instance_id, **kwargs):
+        self.live.discard(instance_id)
+        if self.fail_release:
+            raise OSError("cannot remove the sandbox folder")
+
+
+def test_instances_are_released_when_something_fails(tiny_tokenizer):
+    tool = Recording(fail_create=3)  # the third episode's tool cannot start
+    agent = ToolAgentLoop(ScriptedRollout(tiny_tokenizer, [CALL, FINAL]), tiny_tokenizer, {}, {"calc": tool})
+    with pytest.raises(OSError, match="sandbox unavailable"):
+        agent.generate_sequences(prompts(tiny_tokenizer, rows=2, n=2))
+    assert tool.created == 3 and tool.live == set()  # the two created before were released
+    tool = Recording(fail_release=True)
+    agent = ToolAgentLoop(ScriptedRollout(tiny_tokenizer, [CALL, FINAL]), tiny_tokenizer, {}, {"calc": tool})
+    with pytest.raises(RuntimeError, match="releasing the episodes' tools or interactions failed: OSError"):
+        agent.generate_sequences(prompts(tiny_tokenizer, rows=2))
+    assert tool.created == 2 and tool.live == set()  # one failing release did not stop the other

@@ -287,3 +287,29 @@ def test_episodes_under_graphs_match_rounds_and_recomputation(dtype):
         assert torch.equal(rounds.responses, out.responses) and torch.equal(rounds.generated, out.generated)
     else:
         assert diff.mean() < 0.05
+
+
+@torch.no_grad()
+def test_episodes_with_more_rows_than_slots_under_graphs_equal_eager():
+    """Rows wait for slots, so prefills (admissions) run between captured decode steps: the graphs must
+    keep reading valid RoPE tables (a table freed by a prefill once corrupted them: NaN log-probs)."""
+    import concurrent.futures
+
+    model = build(Qwen2Config(num_hidden_layers=4, **QWEN25), torch.float32, std=0.05)
+    stops = list(range(0, 151936, 4))
+
+    def on_turn(row, ids, log_probs, used):
+        future = concurrent.futures.Future()
+        future.set_result([100 + row % 50, 7, 8] if used < 60 else None)
+        return future
+
+    lengths = [64, 20, 50, 64, 7, 33, 64, 45] * 4
+    outs = []
+    for eager in (True, False):
+        batch = prompts(151936, lengths, do_sample=False, eos_token_id=stops, response_length=96)
+        engine = NativeRollout(config(response_length=96, max_num_seqs=4, enforce_eager=eager), model, None)
+        outs.append(engine.generate_episodes(batch, on_turn))
+        assert engine.last_stats["slots"] == 4 and (eager or engine.last_stats["graph_captures"] > 0)
+    assert torch.equal(outs[0].responses, outs[1].responses) and torch.equal(outs[0].generated, outs[1].generated)
+    assert torch.isfinite(outs[1].log_probs).all()
+    torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-4, rtol=0)

@@ -129,9 +129,11 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     if config_get(config, "reward_model.enable", False) or config_get(config, "custom_reward_function.path"):
         return
     from verl.utils.dataset import DatasetError
-    from verl.utils.reward_score import find_scorer, registered_data_sources
+    from verl.utils.reward_score import find_scorer, registered_data_sources, rejected_kwargs
 
     known = registered_data_sources()
+    reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {}) or {}))
+    checked_sources = set()
     source_key = config_get(config, "data.reward_fn_key", "data_source")
     problems = []
     sources = dataset.column_values(source_key)
@@ -139,6 +141,12 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     for (path, row, source), (_, _, reward_model) in zip(sources, truths):
         if find_scorer(source) is None:
             problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
+        elif reward_kwargs and source not in checked_sources:
+            checked_sources.add(source)
+            unknown, takes = rejected_kwargs(source, reward_kwargs)
+            if unknown:
+                problems.append(f"{path}, row {row}: the scorer of {source_key}={source!r} takes no "
+                                f"custom_reward_function.reward_kwargs {unknown} (it takes {takes})")
         elif not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
             problems.append(f"{path}, row {row}: reward_model.ground_truth is missing or None")
         if len(problems) >= 5:

@@ -13,11 +13,12 @@ project's more forgiving comparison.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from verl.utils.reward_score import code, gsm8k, math_dapo, math_reward, reverse_digits, search_qa
 
-__all__ = ["default_compute_score", "find_scorer", "register_score", "registered_data_sources"]
+__all__ = ["default_compute_score", "find_scorer", "register_score", "registered_data_sources", "rejected_kwargs"]
 
 _SCORERS: dict[str, Callable] = {}
 
@@ -56,34 +57,39 @@ def find_scorer(data_source) -> Callable | None:
     return _SCORERS[max(prefixes, key=len)] if prefixes else None
 
 
-@register_score("openai/gsm8k")
-def _score_gsm8k(solution_str, ground_truth, extra_info=None, **kwargs):
-    return gsm8k.compute_score(solution_str, ground_truth, **kwargs)
+def _rule(target: Callable, with_extra_info: bool = False) -> Callable:
+    """A scorer calling ``target(solution_str, ground_truth, [extra_info,] **kwargs)``; ``target`` is kept for
+    :func:`rejected_kwargs`."""
+    def scorer(solution_str, ground_truth, extra_info=None, **kwargs):
+        if with_extra_info:
+            kwargs["extra_info"] = extra_info
+        return target(solution_str, ground_truth, **kwargs)
+
+    scorer.target = target
+    scorer.__qualname__ = f"{target.__module__}.{target.__name__}"
+    return scorer
 
 
-@register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
-def _score_math(solution_str, ground_truth, extra_info=None, **kwargs):
-    return math_reward.compute_score(solution_str, ground_truth, **kwargs)
+register_score("openai/gsm8k")(_rule(gsm8k.compute_score))
+register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")(
+    _rule(math_reward.compute_score))
+register_score("math_dapo", "math", "math_dapo_reasoning", "aime*")(_rule(math_dapo.compute_score))
+register_score("searchR1_*")(_rule(search_qa.compute_score))
+register_score(*code.DATA_SOURCES)(_rule(code.compute_score, with_extra_info=True))
+register_score(reverse_digits.DATA_SOURCE)(_rule(reverse_digits.compute_score, with_extra_info=True))
 
 
-@register_score("math_dapo", "math", "math_dapo_reasoning", "aime*")
-def _score_math_dapo(solution_str, ground_truth, extra_info=None, **kwargs):
-    return math_dapo.compute_score(solution_str, ground_truth, **kwargs)
-
-
-@register_score("searchR1_*")
-def _score_search_qa(solution_str, ground_truth, extra_info=None, **kwargs):
-    return search_qa.compute_score(solution_str, ground_truth, **kwargs)
-
-
-@register_score(*code.DATA_SOURCES)
-def _score_code(solution_str, ground_truth, extra_info=None, **kwargs):
-    return code.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
-
-
-@register_score(reverse_digits.DATA_SOURCE)
-def _score_reverse_digits(solution_str, ground_truth, extra_info=None, **kwargs):
-    return reverse_digits.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
+def rejected_kwargs(data_source, kwargs) -> tuple[list[str], list[str]]:
+    """The keyword arguments the scorer of ``data_source`` does not take, and those it takes (empty lists
+    when it takes any, or has no scorer)."""
+    scorer = find_scorer(data_source)
+    if scorer is None:
+        return [], []
+    params = inspect.signature(getattr(scorer, "target", scorer)).parameters
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return [], []
+    takes = [n for n in params if n not in ("solution_str", "ground_truth", "extra_info")]
+    return [k for k in kwargs if k not in params or k in ("solution_str", "ground_truth")], takes
 
 
 def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -102,6 +108,10 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
             "it has another name), or register a scorer with "
             "verl.utils.reward_score.register_score."
         )
+    unknown, takes = rejected_kwargs(data_source, kwargs)
+    if unknown:
+        raise TypeError(f"the scorer of data_source={data_source!r} takes no {unknown} (it takes {takes}); "
+                        "keyword arguments (custom_reward_function.reward_kwargs) go to every data source's scorer")
     result = scorer(solution_str, ground_truth, extra_info=extra_info, **kwargs)
     if isinstance(result, dict):
         if "score" not in result:

@@ -70,8 +70,7 @@ def _same_value(got: str, expected: Any) -> bool:
     return value == expected or (isinstance(expected, list) and len(expected) == 1 and value == expected[0])
 
 
-def compute_score(solution_str: str, ground_truth: Any, extra_info=None, limits: SandboxLimits | None = None,
-                  **kwargs) -> dict:
+def compute_score(solution_str: str, ground_truth: Any, extra_info=None, limits: SandboxLimits | None = None) -> dict:
     tests = parse_tests(ground_truth)
     program = extract_program(solution_str)
     limits = limits or SandboxLimits()

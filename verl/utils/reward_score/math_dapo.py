@@ -5,9 +5,10 @@ characters (the DAPO prompt asks for ``Answer: $Answer``), normalised the Minerv
 content of ``$...$``, ``\\text{}``, ``\\textbf{}``, ``\\overline{}`` and ``\\boxed{}`` taken,
 ``\\frac12``/``\\sqrt2`` braced, ``1,000`` -> ``1000``) and compared with the normalised ground truth.
 
-Returns ``{"score": 1.0 or -1.0, "acc": bool, "pred": str}`` (``pred`` feeds ``maj@k`` in validation).
-``strict_box_verify=True`` instead takes the last ``\\boxed{}`` of the last 100 characters and compares
-it with the ground truth as written.
+A response without an ``Answer:`` line falls back to the last ``\\boxed{}`` of its last 100 characters,
+normalised the same way. Returns ``{"score": 1.0 or -1.0, "acc": bool, "pred": str}`` (``pred`` feeds
+``maj@k`` in validation). ``strict_box_verify=True`` only takes that box and compares it with the ground
+truth as written.
 """
 
 from __future__ import annotations
@@ -66,4 +67,8 @@ def compute_score(solution_str: str, ground_truth: str, strict_box_verify: bool 
         found = _ANSWER.findall(tail)
         pred = normalize_final_answer(found[-1] if found else "[INVALID]")
         correct = pred == normalize_final_answer(str(ground_truth))
+        boxed = None if found else _last_boxed(tail[-100:])
+        if boxed is not None:  # no "Answer:" line: the last box of the last 100 characters, normalised
+            pred = normalize_final_answer(boxed)
+            correct = pred == normalize_final_answer(str(ground_truth))
     return {"score": 1.0 if correct else -1.0, "acc": bool(correct), "pred": pred}

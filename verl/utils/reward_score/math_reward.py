@@ -194,11 +194,14 @@ def _fix_fracs(string: str) -> str:
 
 
 def _fix_a_slash_b(string: str) -> str:
-    """``3/4`` -> ``\\frac{3}{4}`` for two plain integers; a non-integer side raises (see :func:`is_equiv`)."""
+    """``3/4`` -> ``\\frac{3}{4}`` for two plain integers; anything else unchanged."""
     parts = string.split("/")
     if len(parts) != 2:
         return string
-    a, b = int(parts[0]), int(parts[1])
+    try:
+        a, b = int(parts[0]), int(parts[1])
+    except ValueError:
+        return string
     return f"\\frac{{{a}}}{{{b}}}" if string == f"{a}/{b}" else string
 
 
@@ -212,7 +215,7 @@ def _fix_sqrt(string: str) -> str:
 
 def strip_string(string: str) -> str:
     """The original's clean-up of a MATH answer (see the module docstring); raises on inputs it cannot
-    handle (e.g. two ``\\text{ `` units, or ``a/b`` with a non-integer side)."""
+    handle (e.g. two ``\\text{ `` units, or a trailing ``\\sqrt``)."""
     s = string.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\left", "").replace("\\right", "")
@@ -223,7 +226,7 @@ def strip_string(string: str) -> str:
         if len(units) != 2:
             raise ValueError("more than one unit")
         s = units[0]
-    s = s.replace("\\%", "")
+    s = s.replace("\\\\%", "").replace("\\%", "")
     s = s.replace(" .", " 0.").replace("{.", "{0.")
     if not s:
         return s

@@ -1,8 +1,9 @@
 """Exact-match reward for search-style question answering (data sources ``searchR1_*``), as the original
 verl scores them: the answer is the text of the last ``<answer>...</answer>`` in the response; it scores
 ``score`` (1.0) when, lower-cased and stripped of punctuation, articles (a, an, the) and extra spaces, it
-equals one of the ground truth's ``target`` answers, ``format_score`` (0.0) when it does not, and 0 when
-the response has no answer tags."""
+equals one of the ground truth's ``target`` answers (a quarter of it when the response holds more than
+10 ``<answer>`` or ``</answer>`` tags), ``format_score`` (0.0) when it does not, and 0 when the response
+has no answer tags."""
 
 from __future__ import annotations
 
@@ -32,4 +33,9 @@ def compute_score(solution_str: str, ground_truth, format_score: float = 0.0, sc
     if not matches:
         return 0.0
     answer = normalize_answer(matches[-1].strip())
-    return float(score) if any(normalize_answer(t) == answer for t in _targets(ground_truth)) else float(format_score)
+    if not any(normalize_answer(t) == answer for t in _targets(ground_truth)):
+        return float(format_score)
+    # A right answer buried among many answer tags (more than 10 of either) earns a quarter.
+    if solution_str.count("<answer>") > 10 or solution_str.count("</answer>") > 10:
+        return float(score) / 4
+    return float(score)

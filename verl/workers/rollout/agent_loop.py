@@ -42,6 +42,7 @@ import concurrent.futures
 import copy
 import functools
 import json
+import logging
 import re
 import threading
 import time
@@ -55,6 +56,8 @@ from verl.utils.config import config_get
 from verl.workers.rollout.base import EpisodeTokens
 
 __all__ = ["ToolAgentLoop", "parse_hermes_tool_calls"]
+
+logger = logging.getLogger(__name__)
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -110,9 +113,20 @@ class _EventLoop:
         return self.submit(coroutine).result()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
+        """Cancel what still runs (an episode's tool call when the rollout failed), let it finish its
+        clean-up, then stop the loop."""
+        async def cancel_all():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.run(cancel_all())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+            self.loop.close()
 
 
 def _ended() -> concurrent.futures.Future:
@@ -209,16 +223,25 @@ class ToolAgentLoop:
         batch = DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
                                      "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
                                     meta_info=dict(prompts.meta_info))
-        events = _EventLoop()
+        events, submitted = _EventLoop(), []
+        failed = True
         try:
             events.run(self._start(episodes))
-            try:
-                tokens = self.rollout.generate_episodes(batch, functools.partial(self._on_turn, events, episodes,
-                                                                                 params))
-            finally:
-                events.run(self._finish(episodes))
+            tokens = self.rollout.generate_episodes(
+                batch, functools.partial(self._on_turn, events, episodes, params, submitted))
+            failed = False
         finally:
+            # After a failure other episodes' tool calls may still run: stop them before releasing their tools.
+            for future in list(submitted):
+                future.cancel()
+            concurrent.futures.wait(list(submitted), timeout=30.0)
+            errors = events.run(self._finish(episodes))
             events.close()
+            if errors and not failed:
+                raise RuntimeError(f"releasing the episodes' tools or interactions failed: {errors[0]!r}") \
+                    from errors[0]
+            for error in errors if failed else []:
+                logger.warning("while stopping after an error, releasing a tool or interaction failed too: %r", error)
         return self._output(prompts, batch, episodes, tokens, params)
 
     def _interaction_for(self, row: int, kwargs: dict):
@@ -241,17 +264,31 @@ class ToolAgentLoop:
                 kwargs = {k: v for k, v in episode.interaction_kwargs.items() if k != "name"}
                 episode.interaction_id = await episode.interaction.start_interaction(**kwargs)
 
-    async def _finish(self, episodes: list[_Episode]) -> None:
+    async def _finish(self, episodes: list[_Episode]) -> list[Exception]:
+        """Tool rewards, then release every instance that was created; one failure does not stop the
+        others from being released. Returns the errors."""
+        errors = []
         for episode in episodes:
             for name, tool in self.tools.items():
-                if name in episode.instances:
+                if name not in episode.instances:
+                    continue
+                try:
                     episode.tool_reward += float(await tool.calc_reward(episode.instances[name]))
+                except Exception as err:
+                    errors.append(err)
+                try:
                     await tool.release(episode.instances[name])
+                except Exception as err:
+                    errors.append(err)
             if episode.interaction_id is not None:
-                await episode.interaction.finalize_interaction(episode.interaction_id)
+                try:
+                    await episode.interaction.finalize_interaction(episode.interaction_id)
+                except Exception as err:
+                    errors.append(err)
+        return errors
 
-    def _on_turn(self, events: _EventLoop, episodes: list[_Episode], params, row: int, ids: list[int],
-                 log_probs: list[float], used: int) -> concurrent.futures.Future:
+    def _on_turn(self, events: _EventLoop, episodes: list[_Episode], params, submitted: list, row: int,
+                 ids: list[int], log_probs: list[float], used: int) -> concurrent.futures.Future:
         """The engine's callback at the end of a turn: record it, and return the future of what comes next
         (tool results or a user reply, as token ids; None ends the episode)."""
         episode = episodes[row]
@@ -266,10 +303,13 @@ class ToolAgentLoop:
             return _ended()
         calls = parse_hermes_tool_calls(text)
         if calls:
-            return events.submit(self._tool_turn(episode, calls, used, params.response_length))
-        if episode.interaction is not None:
-            return events.submit(self._user_turn(episode, row, used, params.response_length))
-        return _ended()
+            future = events.submit(self._tool_turn(episode, calls, used, params.response_length))
+        elif episode.interaction is not None:
+            future = events.submit(self._user_turn(episode, row, used, params.response_length))
+        else:
+            return _ended()
+        submitted.append(future)
+        return future
 
     def _continuation(self, episode: _Episode, new_messages: list, used: int, budget: int) -> list[int] | None:
         ids = self._turn_ids(episode.messages, new_messages)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import concurrent.futures
 import difflib
 import importlib.util
+import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.config import config_get
 from verl.utils.registry import Registry
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BaseRollout",
@@ -35,6 +39,7 @@ __all__ = [
     "register_rollout",
     "registered_rollouts",
     "resolve_sampling_params",
+    "wait_for_continuations",
 ]
 
 # ----------------------------------------------------------------------------- registry
@@ -234,14 +239,14 @@ class BaseRollout(ABC):
         active, round_index = list(range(rows)), 0
         while active:
             futures = {}
-            for group in budget_groups(active, [len(t) for t in tokens], budget):
+            for group_index, group in enumerate(budget_groups(active, [len(t) for t in tokens], budget)):
                 batch = [contexts[r // n] + tokens[r] for r in group]
                 width = max(map(len, batch))
                 input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch], dtype=torch.long)
                 mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch], dtype=torch.long)
                 meta = {**prompts.meta_info, "n": 1, "response_length": max(budget - len(tokens[r]) for r in group)}
-                if prompts.meta_info.get("seed") is not None:
-                    meta["seed"] = int(prompts.meta_info["seed"]) + round_index
+                if prompts.meta_info.get("seed") is not None:  # each call its own draws
+                    meta["seed"] = int(prompts.meta_info["seed"]) + 1_000_003 * round_index + group_index
                 out = self.generate_sequences(DataProto.from_dict(
                     {"input_ids": input_ids, "attention_mask": mask,
                      "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=meta))
@@ -255,7 +260,7 @@ class BaseRollout(ABC):
                     log_probs[r] += lps
                     futures[r] = on_turn(r, ids, lps, len(tokens[r]))
             round_index += 1
-            concurrent.futures.wait(list(futures.values()))
+            wait_for_continuations(list(futures.values()), concurrent.futures.ALL_COMPLETED)
             active = []
             for r, future in futures.items():
                 more = list(future.result() or [])
@@ -265,6 +270,18 @@ class BaseRollout(ABC):
                     log_probs[r] += [0.0] * len(more)
                     active.append(r)
         return EpisodeTokens.from_lists(tokens, generated, log_probs, budget, pad)
+
+
+def wait_for_continuations(futures: list, return_when=concurrent.futures.FIRST_COMPLETED) -> float:
+    """``concurrent.futures.wait`` that says every minute how many episodes still wait (a tool that never
+    returns would otherwise hang the rollout silently). Returns the seconds waited."""
+    tic = time.perf_counter()
+    while True:
+        done, not_done = concurrent.futures.wait(futures, timeout=60.0, return_when=return_when)
+        if (done if return_when == concurrent.futures.FIRST_COMPLETED else not not_done):
+            return time.perf_counter() - tic
+        logger.warning("rollout: %d episode(s) have waited %.0f s for their tool results or user replies "
+                       "(a tool without a timeout?)", len(not_done), time.perf_counter() - tic)
 
 
 # on_turn(row, turn_ids, turn_log_probs, used) -> future of the continuation ids (None/[]: the episode ends)

@@ -46,6 +46,7 @@ from verl.workers.rollout.base import (
     build_rollout_output,
     check_left_padded,
     register_rollout,
+    wait_for_continuations,
 )
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
 from verl.workers.rollout.native.model import DecoderWeights, decode, extend, prefill
@@ -242,7 +243,8 @@ class _Run:
         self.state.row.fill_(self.rows)
         self.use_graphs = device.type == "cuda" and not bool(engine._setting("enforce_eager", False))
         if self.use_graphs:
-            engine.graphs.validate((self.w.pointers(), self.cache.pointers()))
+            # Graphs read the weights, the cache and the RoPE table by address: a new one of any means recapture.
+            engine.graphs.validate((self.w.pointers(), self.cache.pointers(), self.w.rope_pointers(self.cache.max_len)))
         self.sync_every = 4 if device.type == "cuda" else 1
         self.resume_wait, self.resume_batch = 4 * self.sync_every, 16
         self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
@@ -259,9 +261,7 @@ class _Run:
             if len(running):
                 self._decode(running)
             elif self.pending:  # every occupied slot waits for its continuation
-                tic = time.perf_counter()
-                concurrent.futures.wait(list(self.pending.values()), return_when=concurrent.futures.FIRST_COMPLETED)
-                self.stats["idle_s"] += time.perf_counter() - tic
+                self.stats["idle_s"] += wait_for_continuations(list(self.pending.values()))
             if self.pending:
                 self._resume(force=not len(running))
             if self.waiting:
@@ -313,7 +313,17 @@ class _Run:
         Continuations are batched: they are taken once ``resume_batch`` are ready, once the first of them
         has waited ``resume_wait`` decode steps, or at once when nothing else runs (each extend call costs
         a pass over all layers, whatever its size)."""
-        ready = [row for row, future in self.pending.items() if future.done()]
+        ready = {}
+        for row in [row for row, future in self.pending.items() if future.done()]:
+            more = list(self.pending[row].result() or [])
+            if more and self.lengths[row] + len(more) < self.params.response_length:
+                ready[row] = more
+                continue
+            # The episode is over: its slot is free at once (only real continuations are batched).
+            del self.pending[row]
+            self.ready_since.pop(row, None)
+            slot = int(np.flatnonzero(self.slot_row == row)[0])
+            self.slot_row[slot], self.paused[slot] = -1, False
         if not ready:
             return
         now = self.stats["decode_steps"]
@@ -321,17 +331,12 @@ class _Run:
         if not force and len(ready) < self.resume_batch and now - first < self.resume_wait:
             return
         extend_rows = []
-        for row in ready:
+        for row, more in ready.items():
+            del self.pending[row]
             self.ready_since.pop(row)
-            more = list(self.pending.pop(row).result() or [])
             slot = int(np.flatnonzero(self.slot_row == row)[0])
             self.paused[slot] = False
-            if more and self.lengths[row] + len(more) < self.params.response_length:
-                extend_rows.append((slot, row, more))
-            else:
-                self.slot_row[slot] = -1
-        if not extend_rows:
-            return
+            extend_rows.append((slot, row, more))
         # Chunks of at most max_num_batched_tokens fed tokens, and attention scores (fed tokens x heads x
         # cache columns) of at most 2**28 elements.
         width = max(len(more) for _, _, more in extend_rows) + 1

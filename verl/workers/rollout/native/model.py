@@ -99,7 +99,9 @@ class DecoderWeights:
         self.rope_inv_freq = rotary.inv_freq.detach().float().clone()
         self.rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.module = module
-        self._rope_cache: tuple | None = None
+        # The last few tables made (a generation call uses one: its cache length). Captured CUDA graphs read a
+        # table by address, so the engine keys its graphs on the table too (see rope_pointers).
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.layers: list[LayerWeights] = []
 
     def bind(self) -> None:
@@ -157,18 +159,25 @@ class DecoderWeights:
         """Storage addresses of every weight: CUDA graphs captured over other addresses are stale."""
         return tuple(t.data_ptr() for t in self.tensors())
 
+    def rope_pointers(self, max_len: int) -> tuple[int, int]:
+        return tuple(t.data_ptr() for t in self.rope(max_len))
+
     def rope(self, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin tables ``(max_len, head_dim)``: rotate_half(x) * sin equals
         roll(x, head_dim/2) * cat(-sin, sin) because both halves of the RoPE angles are equal."""
         key = (max_len, self.device, self.dtype)
-        if self._rope_cache is None or self._rope_cache[0] != key:
+        if key in self._rope_cache:
+            self._rope_cache[key] = self._rope_cache.pop(key)  # most recently used last
+        else:
+            while len(self._rope_cache) >= 4:
+                self._rope_cache.pop(next(iter(self._rope_cache)))
             positions = torch.arange(max_len, device=self.device, dtype=torch.float32)
             freqs = positions[:, None] * self.rope_inv_freq.to(self.device)[None, :]
             cos = torch.cat((freqs, freqs), dim=-1).cos() * self.rope_scaling
             sin = freqs.sin() * self.rope_scaling
             sin = torch.cat((-sin, sin), dim=-1)
-            self._rope_cache = (key, cos.to(self.dtype), sin.to(self.dtype))
-        return self._rope_cache[1], self._rope_cache[2]
+            self._rope_cache[key] = (cos.to(self.dtype), sin.to(self.dtype))
+        return self._rope_cache[key]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -234,7 +243,7 @@ def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tens
     """
     T = input_ids.shape[1]
     positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-    cos_table, sin_table = w.rope(first_col + T)
+    cos_table, sin_table = w.rope(cache.max_len)  # the decode steps' table: one per cache shape
     cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]
     causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
     # Padding queries attend to themselves only, so no row of the mask is empty.
