@@ -39,9 +39,12 @@ def test_a_model_path_that_is_neither_a_folder_nor_reachable_is_named_in_seconds
     critic = [e for e in errors if e.startswith("critic.model.path")]
     assert critic == [f"critic.model.path: 'models/Qwen 0.5B' is no folder here ({tmp_path.cwd()}/models/Qwen 0.5B) "
                       "and not a Hugging Face id. Give the model's folder (with config.json)"]
-    # Joining a cluster: its nodes may have the cache or the network, so the driver does not judge.
+    # Joining a cluster: its nodes may have the cache or the network for the models, so only the tokenizer,
+    # which the driver itself loads, is checked.
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    assert preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu"), cuda_available=False) == []
+    joined = preflight_errors(config(f"data.train_files={train}", "trainer.device=cpu",
+                                     "critic.model.path=models/Qwen 0.5B"), cuda_available=False)
+    assert len(joined) == 1 and joined[0].startswith("actor_rollout_ref.model.path: 'Qwen/Qwen2.5-0.5B-Instruct'")
     monkeypatch.delenv("RAY_ADDRESS")
     # A cached id needs no hub.
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name: f"/cache/{repo}/{name}")
@@ -154,3 +157,14 @@ def test_rows_a_rule_reward_cannot_score_stop_before_any_worker(tmp_path, tiny_q
     assert f"Cannot start: data.train_files: rows a rule reward cannot score (first 2):\n  {train}, row 1: " \
            "reward_model.ground_truth is missing or None\n" in err
     assert f"{train}, row 2: data_source='my/task' has no rule reward" in err and "Known data sources:" in err
+    # With reward_kwargs every row is still checked (the first row of a source included), and a keyword
+    # the scorer does not take is named once per data source.
+    rows[0]["reward_model"] = {"style": "rule", "ground_truth": None}
+    pd.DataFrame(rows).to_parquet(train)
+    assert main([*args, "+custom_reward_function.reward_kwargs.normalize=true"]) == 1
+    err = capsys.readouterr().err
+    assert f"{train}, row 0: reward_model.ground_truth is missing or None" in err
+    assert f"{train}, row 1: reward_model.ground_truth is missing or None" in err
+    assert main([*args, "+custom_reward_function.reward_kwargs.strict_box_verify=true"]) == 1
+    assert (f"{train}, row 0: the scorer of data_source='openai/gsm8k' takes no custom_reward_function.reward_kwargs "
+            "['strict_box_verify']") in capsys.readouterr().err

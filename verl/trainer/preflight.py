@@ -39,9 +39,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     result = []
 
     def connect():
-        try:  # each resolved address gets a third of the time (an unroutable IPv6 one must not use it all)
+        try:  # each resolved address gets half the time (an unroutable IPv6 one must not use it all)
             socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                     timeout=timeout / 3).close()
+                                     timeout=timeout / 2).close()
             result.append(True)
         except OSError:
             pass
@@ -53,8 +53,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _model_id_errors(config, joins_cluster: bool) -> list[str]:
-    """Model paths that are not folders here: a valid hub id, cached or with the hub reachable (not asked
-    when joining a cluster: the workers there may have the cache or the network)."""
+    """Model paths that are not folders here: a valid hub id, cached or with the hub reachable. When
+    joining a cluster only the tokenizer is checked (the driver loads it; the workers on other nodes may
+    have the cache or the network for the models)."""
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -62,9 +63,12 @@ def _model_id_errors(config, joins_cluster: bool) -> list[str]:
 
     algorithm, critic = config.get("algorithm") or {}, config.get("critic") or {}
     uses_critic = critic.get("enable") if critic.get("enable") is not None else algorithm.get("adv_estimator") == "gae"
+    actor_model = (config.get("actor_rollout_ref") or {}).get("model") or {}
     keys = list(ACTOR_MODEL_KEYS)
     keys += ["critic.model.path", "critic.model.tokenizer_path"] if uses_critic else []
     keys += ["reward_model.model.path"] if (config.get("reward_model") or {}).get("enable") else []
+    if joins_cluster:  # the driver's own load: the tokenizer (of tokenizer_path, else of the model)
+        keys = [ACTOR_MODEL_KEYS[1] if actor_model.get("tokenizer_path") else ACTOR_MODEL_KEYS[0]]
     errors, reachable = [], None
     for key in keys:
         node = config
@@ -79,8 +83,8 @@ def _model_id_errors(config, joins_cluster: bool) -> list[str]:
             errors.append(f"{key}: {node!r} is no folder here ({here}) and not a Hugging Face id. Give the model's "
                           "folder (with config.json)")
             continue
-        marker = "tokenizer_config.json" if key.endswith("tokenizer_path") else "config.json"
-        if isinstance(try_to_load_from_cache(node, marker), str) or joins_cluster:
+        marker = "tokenizer_config.json" if key.endswith("tokenizer_path") or joins_cluster else "config.json"
+        if isinstance(try_to_load_from_cache(node, marker), str):
             continue
         if reachable is None:
             reachable = _hub_reachable()

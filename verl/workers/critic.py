@@ -57,9 +57,10 @@ class DataParallelPPOCritic:
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes in mini-batches, one optimizer step each, gradients accumulated over
-        micro-batches scaled by (micro rows / mini rows). Returns lists: per micro-batch
-        ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/vpred_mean``; per optimizer step
-        ``critic/grad_norm`` and ``critic/lr``. The LR scheduler is stepped by the worker."""
+        micro-batches scaled by their share of the mini-batch. Returns lists: per micro-batch
+        ``critic/vf_clipfrac``, ``critic/vpred_mean``; per optimizer step ``critic/grad_norm`` and
+        ``critic/lr``; once per update ``critic/vf_loss``, the sum over epochs and mini-batches of the
+        mini-batch's loss (as the original reports it). The LR scheduler is stepped by the worker."""
         config = self.config
         required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                     "returns"]

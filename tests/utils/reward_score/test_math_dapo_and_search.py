@@ -36,10 +36,12 @@ def test_dapo_score_reads_the_last_answer_line():
     assert not dapo_score("Answer: 42\n" + "x" * 300, "42")["acc"]
 
 
-def test_dapo_falls_back_to_the_last_box_without_an_answer_line():
-    assert dapo_score(r"so it is \boxed{1,000}", "1000") == {"score": 1.0, "acc": True, "pred": "1000"}
-    assert dapo_score(r"\boxed{42}" + "." * 120, "42")["pred"] == "[INVALID]"  # the box is not in the last 100
-    assert not dapo_score("Answer: 41\n" + r"\boxed{42}", "42")["acc"]  # an Answer: line wins over a box
+def test_dapo_boxed_fallback_is_an_option():
+    assert dapo_score(r"so it is \boxed{1,000}", "1000") == {"score": -1.0, "acc": False, "pred": "[INVALID]"}
+    fallback = dict(boxed_fallback=True)
+    assert dapo_score(r"so it is \boxed{1,000}", "1000", **fallback) == {"score": 1.0, "acc": True, "pred": "1000"}
+    assert dapo_score(r"\boxed{42}" + "." * 120, "42", **fallback)["pred"] == "[INVALID]"  # not in the last 100
+    assert not dapo_score("Answer: 41\n" + r"\boxed{42}", "42", **fallback)["acc"]  # an Answer: line wins
 
 
 def test_dapo_strict_box_compares_the_last_box_as_written():

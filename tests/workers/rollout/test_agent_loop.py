@@ -253,3 +253,23 @@ def test_instances_are_released_when_something_fails(tiny_tokenizer):
     with pytest.raises(RuntimeError, match="releasing the episodes' tools or interactions failed: OSError"):
         agent.generate_sequences(prompts(tiny_tokenizer, rows=2))
     assert tool.created == 2 and tool.live == set()  # one failing release did not stop the other
+
+
+def test_a_failed_continuation_stops_the_rounds_at_once(tiny_tokenizer):
+    import concurrent.futures
+    import time
+
+    engine = ScriptedRollout(tiny_tokenizer, [CALL, FINAL])
+    slow = concurrent.futures.Future()  # never resolved by the test: the rollout must not wait for it
+
+    def on_turn(row, ids, log_probs, used):
+        if row == 1:
+            return slow
+        failed = concurrent.futures.Future()
+        failed.set_exception(ConnectionError("tool server gone"))
+        return failed
+
+    tic = time.perf_counter()
+    with pytest.raises(ConnectionError, match="tool server gone"):
+        engine.generate_episodes(prompts(tiny_tokenizer, rows=2), on_turn)
+    assert time.perf_counter() - tic < 5

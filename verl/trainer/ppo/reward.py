@@ -139,14 +139,14 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     sources = dataset.column_values(source_key)
     truths = dataset.column_values("reward_model")
     for (path, row, source), (_, _, reward_model) in zip(sources, truths):
-        if find_scorer(source) is None:
-            problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
-        elif reward_kwargs and source not in checked_sources:
+        if reward_kwargs and source not in checked_sources and find_scorer(source) is not None:
             checked_sources.add(source)
             unknown, takes = rejected_kwargs(source, reward_kwargs)
             if unknown:
                 problems.append(f"{path}, row {row}: the scorer of {source_key}={source!r} takes no "
                                 f"custom_reward_function.reward_kwargs {unknown} (it takes {takes})")
+        if find_scorer(source) is None:
+            problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
         elif not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
             problems.append(f"{path}, row {row}: reward_model.ground_truth is missing or None")
         if len(problems) >= 5:

@@ -85,7 +85,10 @@ def rejected_kwargs(data_source, kwargs) -> tuple[list[str], list[str]]:
     scorer = find_scorer(data_source)
     if scorer is None:
         return [], []
-    params = inspect.signature(getattr(scorer, "target", scorer)).parameters
+    try:
+        params = inspect.signature(getattr(scorer, "target", scorer)).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return [], []
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return [], []
     takes = [n for n in params if n not in ("solution_str", "ground_truth", "extra_info")]

@@ -5,10 +5,12 @@ characters (the DAPO prompt asks for ``Answer: $Answer``), normalised the Minerv
 content of ``$...$``, ``\\text{}``, ``\\textbf{}``, ``\\overline{}`` and ``\\boxed{}`` taken,
 ``\\frac12``/``\\sqrt2`` braced, ``1,000`` -> ``1000``) and compared with the normalised ground truth.
 
-A response without an ``Answer:`` line falls back to the last ``\\boxed{}`` of its last 100 characters,
-normalised the same way. Returns ``{"score": 1.0 or -1.0, "acc": bool, "pred": str}`` (``pred`` feeds
-``maj@k`` in validation). ``strict_box_verify=True`` only takes that box and compares it with the ground
-truth as written.
+Returns ``{"score": 1.0 or -1.0, "acc": bool, "pred": str}`` (``pred`` feeds ``maj@k`` in validation);
+a response without an ``Answer:`` line scores -1 with ``pred="[INVALID]"``, as in the scorer the DAPO
+recipe's published runs used. ``boxed_fallback=True`` (``custom_reward_function.reward_kwargs``) then
+takes the last ``\\boxed{}`` of the last 100 characters instead, normalised the same way, as some later
+versions of the original do. ``strict_box_verify=True`` only takes that box and compares it with the
+ground truth as written.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def _last_boxed(string: str) -> str | None:
     return None if end is None else string[start + len("\\boxed{"):end]
 
 
-def compute_score(solution_str: str, ground_truth: str, strict_box_verify: bool = False) -> dict:
+def compute_score(solution_str: str, ground_truth: str, strict_box_verify: bool = False,
+                  boxed_fallback: bool = False) -> dict:
     tail = solution_str[-300:]  # the longest MATH-500 answer has 159 characters
     if strict_box_verify:
         pred = _last_boxed(tail[-100:])
@@ -67,7 +70,7 @@ def compute_score(solution_str: str, ground_truth: str, strict_box_verify: bool 
         found = _ANSWER.findall(tail)
         pred = normalize_final_answer(found[-1] if found else "[INVALID]")
         correct = pred == normalize_final_answer(str(ground_truth))
-        boxed = None if found else _last_boxed(tail[-100:])
+        boxed = None if found or not boxed_fallback else _last_boxed(tail[-100:])
         if boxed is not None:  # no "Answer:" line: the last box of the last 100 characters, normalised
             pred = normalize_final_answer(boxed)
             correct = pred == normalize_final_answer(str(ground_truth))

@@ -119,10 +119,15 @@ class _EventLoop:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            _, stuck = await asyncio.wait(tasks, timeout=10.0) if tasks else (None, [])
+            for task in stuck:
+                logger.warning("a tool or interaction coroutine did not stop within 10 s of its cancellation: %r",
+                               task)
 
         try:
-            self.run(cancel_all())
+            self.submit(cancel_all()).result(timeout=30.0)
+        except concurrent.futures.TimeoutError:
+            logger.warning("the agent loop's event loop did not respond within 30 s (a tool blocking its thread?)")
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join()
@@ -235,8 +240,10 @@ class ToolAgentLoop:
             for future in list(submitted):
                 future.cancel()
             concurrent.futures.wait(list(submitted), timeout=30.0)
-            errors = events.run(self._finish(episodes))
-            events.close()
+            try:
+                errors = events.run(self._finish(episodes))
+            finally:
+                events.close()
             if errors and not failed:
                 raise RuntimeError(f"releasing the episodes' tools or interactions failed: {errors[0]!r}") \
                     from errors[0]

@@ -260,7 +260,10 @@ class BaseRollout(ABC):
                     log_probs[r] += lps
                     futures[r] = on_turn(r, ids, lps, len(tokens[r]))
             round_index += 1
-            wait_for_continuations(list(futures.values()), concurrent.futures.ALL_COMPLETED)
+            wait_for_continuations(list(futures.values()), concurrent.futures.FIRST_EXCEPTION)
+            for future in futures.values():  # a failed call stops the rollout now, not after the slowest one
+                if future.done() and not future.cancelled() and future.exception() is not None:
+                    raise future.exception()
             active = []
             for r, future in futures.items():
                 more = list(future.result() or [])
@@ -276,12 +279,14 @@ def wait_for_continuations(futures: list, return_when=concurrent.futures.FIRST_C
     """``concurrent.futures.wait`` that says every minute how many episodes still wait (a tool that never
     returns would otherwise hang the rollout silently). Returns the seconds waited."""
     tic = time.perf_counter()
-    while True:
+    while futures:
         done, not_done = concurrent.futures.wait(futures, timeout=60.0, return_when=return_when)
-        if (done if return_when == concurrent.futures.FIRST_COMPLETED else not not_done):
-            return time.perf_counter() - tic
+        failed = any(f.done() and not f.cancelled() and f.exception() is not None for f in done)
+        if failed or (done if return_when == concurrent.futures.FIRST_COMPLETED else not not_done):
+            return time.perf_counter() - tic  # a failed one is enough: the caller's result() raises it
         logger.warning("rollout: %d episode(s) have waited %.0f s for their tool results or user replies "
                        "(a tool without a timeout?)", len(not_done), time.perf_counter() - tic)
+    return 0.0
 
 
 # on_turn(row, turn_ids, turn_log_probs, used) -> future of the continuation ids (None/[]: the episode ends)
