@@ -69,3 +69,13 @@ def test_data_sources_dispatch_as_the_original_names_them():
     assert find_scorer("numina_olympiads") is None and find_scorer("aim") is None
     with pytest.raises(ValueError, match="No rule reward is registered for data_source='searchR2'"):
         default_compute_score("searchR2", "x", "x")
+
+
+def test_geometry3k_is_accuracy_and_format_by_hand():
+    pytest.importorskip("mathruler")  # in the test extras; the scorer names the package when it is missing
+    think = "<think>the angles sum to 180</think> "
+    assert default_compute_score("hiyouga/geometry3k", think + r"so \boxed{2\sqrt{3}}", r"2\sqrt{3}") == 1.0
+    # right but unformatted: 0.9; sympy sees 0.5 = 1/2
+    assert default_compute_score("hiyouga/geometry3k", r"so \boxed{0.5}", r"\frac{1}{2}") == pytest.approx(0.9)
+    assert default_compute_score("hiyouga/geometry3k", think + r"\boxed{7}", "8") == pytest.approx(0.1)  # format only
+    assert default_compute_score("hiyouga/geometry3k", "8", "8", use_boxed=False, format_score=0.0) == 1.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from verl.utils.reward_score import code, gsm8k, math_dapo, math_reward, reverse_digits, search_qa
+from verl.utils.reward_score import code, geo3k, gsm8k, math_dapo, math_reward, reverse_digits, search_qa
 
 __all__ = ["default_compute_score", "find_scorer", "register_score", "registered_data_sources", "rejected_kwargs"]
 
@@ -75,6 +75,7 @@ register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingF
     _rule(math_reward.compute_score))
 register_score("math_dapo", "math", "math_dapo_reasoning", "aime*")(_rule(math_dapo.compute_score))
 register_score("searchR1_*")(_rule(search_qa.compute_score))
+register_score("hiyouga/geometry3k")(_rule(geo3k.compute_score))
 register_score(*code.DATA_SOURCES)(_rule(code.compute_score, with_extra_info=True))
 register_score(reverse_digits.DATA_SOURCE)(_rule(reverse_digits.compute_score, with_extra_info=True))
 
