@@ -432,27 +432,30 @@ def scripted_agent_engine():
     del base._ROLLOUTS["scripted_agent"]  # other tests list the built-in engines
 
 
+def multi_turn_grpo(tmp_path, engine):
+    """One GRPO step of tool-calling episodes with the sandboxed Python tool, on the scripted engine."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.code_interpreter.CodeInterpreterTool\n"
+                     "    config: {cpu_seconds: 2}\n    tool_schema:\n      type: function\n"
+                     "      function: {name: code_interpreter, parameters: {type: object}}\n")
+    return ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.backend=local",
+            "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.save_freq=-1",
+            "trainer.test_freq=-1", "data.return_raw_chat=True", "data.max_response_length=256",
+            f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.rollout.multi_turn.enable=True",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}"]
+
+
 def test_multi_turn_grpo_runs_tool_calls_and_trains_on_the_models_tokens(gsm8k_setup, tmp_path, monkeypatch,
                                                                          scripted_agent_engine):
     from verl.utils.sandbox import isolation
 
     if isolation() != "namespaces":
         pytest.skip(isolation())
-    tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: verl.tools.code_interpreter.CodeInterpreterTool\n"
-                     "    config: {cpu_seconds: 2}\n    tool_schema:\n      type: function\n"
-                     "      function: {name: code_interpreter, parameters: {type: object}}\n")
     reward = tmp_path / "reward.py"  # 1 when the sandbox's output (72) sits between the call and the answer
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    call, _, rest = solution_str.partition('</tool_call>')\n"
                       "    return float('72' in rest.split('#### 72')[0] and '72' not in call)\n")
-    _, records = run(gsm8k_setup, tmp_path, "multi_turn", "algorithm.adv_estimator=grpo",
-                     "actor_rollout_ref.rollout.n=2", "trainer.backend=local", "trainer.n_gpus_per_node=1",
-                     "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
-                     "data.return_raw_chat=True", "data.max_response_length=256",
-                     f"actor_rollout_ref.rollout.name={scripted_agent_engine}",
-                     "actor_rollout_ref.rollout.multi_turn.enable=True",
-                     f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+    _, records = run(gsm8k_setup, tmp_path, "multi_turn", *multi_turn_grpo(tmp_path, scripted_agent_engine),
                      f"custom_reward_function.path={reward}", monkeypatch=monkeypatch)
     data = records[0]["data"]
     assert data["agent_loop/num_turns/mean"] == 3 and data["agent_loop/tool_calls/mean"] == 1
@@ -514,20 +517,10 @@ def test_multi_turn_with_a_simulated_user_passes_turn_scores_to_the_reward(gsm8k
     monkeypatch.syspath_prepend(str(tmp_path))
     users = tmp_path / "users.yaml"
     users.write_text("interaction:\n  - name: doubter\n    class_name: doubting_user.DoubtingUser\n")
-    tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: verl.tools.code_interpreter.CodeInterpreterTool\n"
-                     "    tool_schema:\n      type: function\n"
-                     "      function: {name: code_interpreter, parameters: {type: object}}\n")
     reward = tmp_path / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(extra_info['turn_scores'] == [0.5, 1.0] and 'Are you sure?' in solution_str)\n")
-    _, records = run(gsm8k_setup, tmp_path, "multi_turn_user", "algorithm.adv_estimator=grpo",
-                     "actor_rollout_ref.rollout.n=2", "trainer.backend=local", "trainer.n_gpus_per_node=1",
-                     "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1",
-                     "data.return_raw_chat=True", "data.max_response_length=256",
-                     f"actor_rollout_ref.rollout.name={scripted_agent_engine}",
-                     "actor_rollout_ref.rollout.multi_turn.enable=True",
-                     f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+    _, records = run(gsm8k_setup, tmp_path, "multi_turn_user", *multi_turn_grpo(tmp_path, scripted_agent_engine),
                      f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={users}",
                      f"custom_reward_function.path={reward}", monkeypatch=monkeypatch)
     data = records[0]["data"]
