@@ -32,19 +32,13 @@ def check_multi_turn(run: Run) -> Iterator[Issue]:
             yield error(f"{MT}.{key}", f"must be a positive integer (or null for no limit), got {value!r}")
     if run.get(f"{MT}.tool_response_truncate_side") not in ("left", "right", "middle"):
         yield error(f"{MT}.tool_response_truncate_side", "must be left, right or middle")
-    path = run.get(f"{MT}.tool_config_path")
-    if path:
-        from verl.tools.base import load_tools
+    from verl.interactions.base import load_interactions
+    from verl.tools.base import load_tools
 
-        try:
-            load_tools(path)
-        except (FileNotFoundError, ValueError) as err:
-            yield error(f"{MT}.tool_config_path", str(err))
-    path = run.get(f"{MT}.interaction_config_path")
-    if path:
-        from verl.interactions.base import load_interactions
-
-        try:
-            load_interactions(path)
-        except (FileNotFoundError, ValueError) as err:
-            yield error(f"{MT}.interaction_config_path", str(err))
+    for key, load in (("tool_config_path", load_tools), ("interaction_config_path", load_interactions)):
+        path = run.get(f"{MT}.{key}")
+        if path:
+            try:
+                load(path)
+            except (FileNotFoundError, ValueError) as err:
+                yield error(f"{MT}.{key}", str(err))

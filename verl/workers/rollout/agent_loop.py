@@ -53,7 +53,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.config import config_get
-from verl.workers.rollout.base import EpisodeTokens
+from verl.workers.rollout.base import EpisodeTokens, left_padded
 
 __all__ = ["ToolAgentLoop", "parse_hermes_tool_calls"]
 
@@ -222,12 +222,7 @@ class ToolAgentLoop:
             for _ in range(params.n):
                 episodes.append(_Episode(copy.deepcopy(msgs), list(prompt_ids), dict(info.get("tools_kwargs") or {}),
                                          interaction_kwargs, interaction))
-        pad = params.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in rendered], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rendered], dtype=torch.long)
-        batch = DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
-                                     "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                                    meta_info=dict(prompts.meta_info))
+        batch = left_padded(rendered, params.pad_token_id, prompts.meta_info, width)
         events, submitted = _EventLoop(), []
         failed = True
         try:

@@ -36,6 +36,7 @@ __all__ = [
     "build_rollout_output",
     "check_left_padded",
     "get_rollout_class",
+    "left_padded",
     "register_rollout",
     "registered_rollouts",
     "resolve_sampling_params",
@@ -240,16 +241,10 @@ class BaseRollout(ABC):
         while active:
             futures = {}
             for group_index, group in enumerate(budget_groups(active, [len(t) for t in tokens], budget)):
-                batch = [contexts[r // n] + tokens[r] for r in group]
-                width = max(map(len, batch))
-                input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in batch], dtype=torch.long)
-                mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in batch], dtype=torch.long)
                 meta = {**prompts.meta_info, "n": 1, "response_length": max(budget - len(tokens[r]) for r in group)}
                 if prompts.meta_info.get("seed") is not None:  # each call its own draws
                     meta["seed"] = int(prompts.meta_info["seed"]) + 1_000_003 * round_index + group_index
-                out = self.generate_sequences(DataProto.from_dict(
-                    {"input_ids": input_ids, "attention_mask": mask,
-                     "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=meta))
+                out = self.generate_sequences(left_padded([contexts[r // n] + tokens[r] for r in group], pad, meta))
                 for i, r in enumerate(group):
                     room = budget - len(tokens[r])
                     valid = min(int(out.batch["response_mask"][i].sum()), room)
@@ -261,9 +256,6 @@ class BaseRollout(ABC):
                     futures[r] = on_turn(r, ids, lps, len(tokens[r]))
             round_index += 1
             wait_for_continuations(list(futures.values()), concurrent.futures.FIRST_EXCEPTION)
-            for future in futures.values():  # a failed call stops the rollout now, not after the slowest one
-                if future.done() and not future.cancelled() and future.exception() is not None:
-                    raise future.exception()
             active = []
             for r, future in futures.items():
                 more = list(future.result() or [])
@@ -275,15 +267,28 @@ class BaseRollout(ABC):
         return EpisodeTokens.from_lists(tokens, generated, log_probs, budget, pad)
 
 
+def left_padded(sequences: list[list[int]], pad: int, meta_info: dict, width: int | None = None) -> DataProto:
+    """Token id lists as a left-padded prompt batch (``input_ids``, ``attention_mask``, ``position_ids``)
+    of ``width`` columns (default: the longest)."""
+    width = max(map(len, sequences)) if width is None else width
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in sequences], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in sequences], dtype=torch.long)
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
+                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=dict(meta_info))
+
+
 def wait_for_continuations(futures: list, return_when=concurrent.futures.FIRST_COMPLETED) -> float:
-    """``concurrent.futures.wait`` that says every minute how many episodes still wait (a tool that never
-    returns would otherwise hang the rollout silently). Returns the seconds waited."""
+    """``concurrent.futures.wait`` that raises the first failure at once (not after the slowest tool) and
+    says every minute how many episodes still wait (a tool that never returns would otherwise hang the
+    rollout silently). Returns the seconds waited."""
     tic = time.perf_counter()
     while futures:
         done, not_done = concurrent.futures.wait(futures, timeout=60.0, return_when=return_when)
-        failed = any(f.done() and not f.cancelled() and f.exception() is not None for f in done)
-        if failed or (done if return_when == concurrent.futures.FIRST_COMPLETED else not not_done):
-            return time.perf_counter() - tic  # a failed one is enough: the caller's result() raises it
+        for future in done:
+            if not future.cancelled() and future.exception() is not None:
+                raise future.exception()
+        if done if return_when == concurrent.futures.FIRST_COMPLETED else not not_done:
+            return time.perf_counter() - tic
         logger.warning("rollout: %d episode(s) have waited %.0f s for their tool results or user replies "
                        "(a tool without a timeout?)", len(not_done), time.perf_counter() - tic)
     return 0.0

@@ -211,7 +211,7 @@ class NativeRollout(BaseRollout):
 
 
 class _Run:
-    """The scheduler of one ``generate_sequences`` call."""
+    """The scheduler of one ``generate_sequences`` call, or of one ``generate_episodes`` call (``on_turn``)."""
 
     def __init__(self, engine: NativeRollout, params, input_ids, valid, generator, on_turn=None):
         self.engine, self.params, self.generator, self.on_turn = engine, params, generator, on_turn
@@ -237,7 +237,8 @@ class _Run:
         self.ready_since: dict[int, int] = {}  # row -> decode step at which its continuation was seen ready
         self.turn_start = np.zeros(self.rows, dtype=np.int64)  # response step where the row's turn began
         self.lengths = np.zeros(self.rows, dtype=np.int64)  # response tokens of a row once its turn ended
-        self.generated = torch.ones((self.rows + 1, params.response_length), dtype=torch.bool, device=device)
+        self.generated = (torch.ones((self.rows + 1, params.response_length), dtype=torch.bool, device=device)
+                          if on_turn is not None else None)  # episodes only: False on continuation tokens
         for t in self.state.tensors():
             t.zero_()
         self.state.row.fill_(self.rows)
