@@ -2,7 +2,9 @@
 process (standing in for the trainer) is unaffected."""
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 
 import pytest
@@ -130,3 +132,129 @@ def test_no_capabilities_so_no_chroot_escape_and_no_remount():
 def test_a_large_stdin_the_program_never_reads_does_not_stall_the_timeout():
     result = run_python("import time\ntime.sleep(30)", stdin="1\n" * 200_000, limits=SandboxLimits(wall_seconds=2))
     assert result.status == "timeout" and result.wall_seconds < 6
+
+
+# ----------------------------------------------------------------------------- long-lived workers
+
+WORKER_MODULE = '''
+import os, time
+import tinylib
+STATE = {"calls": 0}
+
+def handle(arg):
+    STATE["calls"] += 1
+    kind = arg["kind"]
+    if kind == "echo":
+        return {"calls": STATE["calls"], "lib": tinylib.VALUE, "arg": arg.get("value")}
+    if kind == "patch":
+        globals()["handle"] = lambda a: "forged"
+        return "patched"
+    if kind == "raise":
+        raise ValueError("bad argument")
+    if kind == "loop":
+        while True:
+            pass
+    if kind == "sleep":
+        time.sleep(60)
+    if kind == "exit":
+        os._exit(3)
+    if kind == "big":
+        return "x" * (2 << 20)
+    if kind == "linger":
+        if os.fork() == 0:
+            time.sleep(60)
+        return "left a process"
+    if kind == "count":
+        return sum(1 for p in os.listdir("/proc") if p.isdigit())
+    if kind == "steal":
+        found = []
+        for pid in (1, os.getppid()):
+            for fd in (0, 1):
+                try:
+                    os.close(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY))
+                    found.append(f"{pid}/{fd}")
+                except OSError:
+                    pass
+        try:
+            open(f"/proc/{os.getppid()}/mem", "rb").close()
+            found.append("mem")
+        except OSError:
+            pass
+        return found
+    if kind == "write_library":
+        try:
+            open(os.path.join(os.path.dirname(tinylib.__file__), "x.py"), "w")
+            return "wrote"
+        except OSError as e:
+            return type(e).__name__
+'''
+
+
+@pytest.fixture(scope="module")
+def worker():
+    base = tempfile.mkdtemp(prefix="verl-lib-")  # not pytest's tmp_path: the sandbox user must be able to enter it
+    library = os.path.join(base, "tinylib")
+    os.makedirs(library)
+    with open(os.path.join(library, "__init__.py"), "w") as f:
+        f.write("VALUE = 42\n")
+    for path, mode in ((base, 0o755), (library, 0o755), (os.path.join(library, "__init__.py"), 0o644)):
+        os.chmod(path, mode)
+    worker = sandbox.SandboxWorker([("tests.tiny.handler", WORKER_MODULE)], "tests.tiny.handler.handle",
+                                   libraries=[library], warmup=[{"kind": "echo"}],
+                                   limits=SandboxLimits(cpu_seconds=1, wall_seconds=3, memory_mb=512))
+    yield worker
+    worker.close()
+    shutil.rmtree(base)
+
+
+def test_a_worker_serves_calls_each_in_a_fresh_copy_of_the_warmed_up_process(worker):
+    first = worker.call({"kind": "echo", "value": [1, "a"]})
+    assert first.ok and first.value == {"calls": 2, "lib": 42, "arg": [1, "a"]}  # the warm-up was call 1
+    assert worker.call({"kind": "patch"}).value == "patched"
+    assert worker.call({"kind": "echo"}).value["calls"] == 2  # neither the count nor the patch stayed
+
+
+def test_a_worker_reports_errors_limits_and_crashes_and_keeps_serving(worker):
+    assert worker.call({"kind": "raise"}).error == "ValueError: bad argument"
+    cpu = worker.call({"kind": "loop"})
+    assert cpu.status == "cpu_limit" and cpu.seconds < 3
+    slow = worker.call({"kind": "sleep"}, timeout=1.0)
+    assert slow.status == "timeout" and 1.0 <= slow.seconds < 3
+    assert worker.call({"kind": "exit"}).status == "crashed"
+    assert worker.call({"kind": "big"}).status == "too_large"
+    assert worker.call({"kind": "echo"}).ok
+
+
+def test_nothing_a_call_starts_outlives_it(worker):
+    before = worker.call({"kind": "count"}).value
+    assert worker.call({"kind": "linger"}).value == "left a process"
+    assert worker.call({"kind": "count"}).value == before
+
+
+def test_a_call_cannot_reach_the_worker_pipes_or_memory_and_libraries_are_read_only(worker):
+    assert worker.call({"kind": "steal"}).value == []
+    assert worker.call({"kind": "write_library"}).value in ("OSError", "PermissionError")
+
+
+def test_a_worker_killed_from_outside_is_started_again(worker):
+    os.killpg(worker._proc.pid, 9)
+    worker._proc.wait()
+    assert worker.call({"kind": "echo"}).value["calls"] == 2
+
+
+def test_a_pool_runs_calls_from_threads_at_once(tmp_path):
+    import threading
+
+    pool = sandbox.SandboxPool(3, modules=[("sleeper", "import time\ndef nap(s):\n    time.sleep(s)\n    return s\n")],
+                               entry="sleeper.nap", limits=SandboxLimits(wall_seconds=10))
+    try:
+        pool.call(0)  # one worker started before the clock
+        threads = [threading.Thread(target=pool.call, args=(1.0,)) for _ in range(3)]
+        start = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert time.monotonic() - start < 2.5  # three 1 s calls side by side, not 3 s in a row
+    finally:
+        pool.close()

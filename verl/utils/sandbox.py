@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "isolation", "run_python"]
+__all__ = ["CallResult", "SandboxLimits", "SandboxPool", "SandboxResult", "SandboxUnavailable", "SandboxWorker",
+           "isolation", "run_python"]
 
 NOBODY = 65534
 
@@ -111,11 +113,11 @@ def bind_ro(path, root):
 mount(None, "/", None, MS_REC | MS_PRIVATE)
 root = cfg["root"]
 mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-for path in cfg["ro"]:
-    bind_ro(path, root)
 for name, size in (("sandbox", cfg["disk_mb"]), ("tmp", cfg["disk_mb"])):
     os.makedirs(f"{root}/{name}", exist_ok=True)
     mount("tmpfs", f"{root}/{name}", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=1777")
+for path in cfg["ro"]:  # after the tmpfs mounts, which would hide a library folder under /tmp
+    bind_ro(path, root)
 os.makedirs(root + "/dev", exist_ok=True)
 for dev in ("null", "zero", "random", "urandom"):
     open(f"{root}/dev/{dev}", "a").close()
@@ -159,6 +161,12 @@ if pid == 0:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8"}
     os.execve(cfg["python"], [cfg["python"], "-I", "-B", "main.py"], env)
+# pid 1 keeps nothing a sandboxed process could borrow: not dumpable (its /proc/1/fd cannot be opened) and
+# its copies of the pipes to the host replaced by /dev/null.
+libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+null = os.open("/dev/null", os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
 while True:
     done, status = os.waitpid(-1, 0)
     if done == pid:
@@ -214,34 +222,63 @@ def isolation() -> str:
     return "namespaces"
 
 
+def _require_isolation() -> None:
+    available = isolation()
+    if available != "namespaces":
+        raise SandboxUnavailable(f"cannot run untrusted code safely: {available}. Code rewards, the code tool and the "
+                                 "numina_* math grader need Linux user namespaces (unshare from util-linux)")
+
+
+def _library_paths(libraries) -> list[str]:
+    """Host folders (installed packages) shown read-only inside; root runs the sandbox as nobody, who must be
+    able to read them."""
+    paths = []
+    for library in libraries:
+        path = os.path.realpath(library)
+        if not os.path.isdir(path):
+            raise SandboxUnavailable(f"library folder {library!r} for the sandbox does not exist")
+        if os.getuid() == 0:
+            ancestor = path
+            while ancestor != "/":
+                if not os.stat(ancestor).st_mode & 0o001:
+                    raise SandboxUnavailable(
+                        f"the sandbox runs as nobody and cannot enter {ancestor} (on the way to {path}); install "
+                        "Python packages where every user can read them (chmod o+rx), e.g. a virtual environment "
+                        "outside /root")
+                ancestor = os.path.dirname(ancestor)
+        paths.append(path)
+    return paths
+
+
+def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seconds: int | None = None) -> list[str]:
+    """Write ``code`` into the folder ``work`` and return the command that runs it in a sandbox."""
+    python = _interpreter()
+    os.chmod(work, 0o755)
+    code_file = os.path.join(work, "main.py")
+    with open(code_file, "w", encoding="utf-8") as f:
+        f.write(code)
+    os.chmod(code_file, 0o644)
+    os.makedirs(os.path.join(work, "root"), mode=0o755)
+    os.chmod(os.path.join(work, "root"), 0o777)
+    config = {"root": os.path.join(work, "root"), "code": code_file, "python": python,
+              "pivot_root": _PIVOT_ROOT[os.uname().machine],
+              "ro": _readonly_paths(python) + _library_paths(libraries),
+              "cpu": int(limits.cpu_seconds if cpu_seconds is None else cpu_seconds),
+              "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
+              "fsize": int(limits.max_file_mb) << 20, "nofile": int(limits.max_open_files),
+              "disk_mb": max(32, 2 * int(limits.max_file_mb))}
+    return [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
+            "--mount", "--ipc", "--uts", "--kill-child", python, "-I", "-S", "-c", _RUNNER, json.dumps(config)]
+
+
 def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(), *,
                _check: bool = True) -> SandboxResult:
     """Run ``code`` as ``main.py`` in a fresh sandbox with ``stdin``; see the module docstring."""
     if _check:
-        available = isolation()
-        if available != "namespaces":
-            raise SandboxUnavailable(f"cannot run untrusted code safely: {available}. Code rewards and the code "
-                                     "tool need Linux user namespaces (unshare from util-linux)")
-    python = _interpreter()
+        _require_isolation()
     work = tempfile.mkdtemp(prefix="verl-sandbox-")
     try:
-        os.chmod(work, 0o755)
-        code_file = os.path.join(work, "main.py")
-        with open(code_file, "w", encoding="utf-8") as f:
-            f.write(code)
-        os.chmod(code_file, 0o644)
-        os.makedirs(os.path.join(work, "root"), mode=0o755)
-        os.chmod(os.path.join(work, "root"), 0o777)
-        config = {"root": os.path.join(work, "root"), "code": code_file, "python": python,
-                  "pivot_root": _PIVOT_ROOT[os.uname().machine],
-                  "ro": _readonly_paths(python), "cpu": int(limits.cpu_seconds),
-                  "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
-                  "fsize": int(limits.max_file_mb) << 20, "nofile": int(limits.max_open_files),
-                  "disk_mb": max(32, 2 * int(limits.max_file_mb))}
-        command = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
-                   "--mount", "--ipc", "--uts", "--kill-child", python, "-I", "-S", "-c", _RUNNER,
-                   json.dumps(config)]
-        return _communicate(command, stdin, limits)
+        return _communicate(_prepare(work, code, limits), stdin, limits)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -319,3 +356,335 @@ def _classify(returncode: int, stderr: str, timed_out: bool, overflow: bool, lim
         return "killed", f"killed by signal {returncode - 128}"
     last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {returncode}"
     return "error", last[:300]
+
+
+# ----------------------------------------------------------------------------- long-lived workers
+
+# main.py of a worker sandbox. The first stdin line sets it up (library paths, module sources, the entry
+# function, trusted warm-up arguments); then each line is one call, answered by one stdout line. Every call
+# runs in a fork of the warmed-up process, so nothing a call does (monkey-patching, planted files, leftover
+# processes) reaches a later call: the fork cannot read this process (not dumpable) nor its pipes (closed in
+# the fork), nothing writable is on the import path, and whatever the call started is killed when it ends.
+_WORKER = r'''
+import ctypes, gc, json, os, resource, select, signal, sys, time, types
+sys.path[:] = [p for p in sys.path if p.startswith("/usr")]
+os.chdir("/")
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+
+def send(obj):
+    stdout.write(json.dumps(obj).encode() + b"\n")
+    stdout.flush()
+
+setup = json.loads(stdin.readline())
+sys.path[:0] = setup["paths"]
+for name, source in setup["modules"]:
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        if prefix not in sys.modules:
+            module = types.ModuleType(prefix)
+            if depth < len(parts):
+                module.__path__ = []
+            sys.modules[prefix] = module
+            if depth > 1:
+                setattr(sys.modules[".".join(parts[:depth - 1])], parts[depth - 1], module)
+    module = sys.modules[name]
+    module.__file__ = "/" + name.replace(".", "/") + ".py"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+module_name, _, function_name = setup["entry"].rpartition(".")
+function = getattr(sys.modules[module_name], function_name)
+for argument in setup["warmup"]:
+    function(argument)
+null = os.open("/dev/null", os.O_RDWR)
+me = os.getpid()
+gc.collect()
+gc.freeze()  # what is loaded now is never scanned again: a fork's garbage collector leaves those pages shared
+
+nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+def others(spare):
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, me, spare)]
+
+def read_all(fd):
+    chunks = []
+    while data := os.read(fd, 1 << 16):
+        chunks.append(data)
+    return b"".join(chunks)
+
+def spawn():
+    """A fork that waits for one request. Forked ahead, while the previous call runs, so that its cost is
+    off the next call's path; it holds nothing but its two pipes."""
+    request_r, request_w = os.pipe()
+    result_r, result_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            gc.disable()  # a short-lived copy: collecting would touch (and copy) the parent's pages
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            keep = sorted({null, request_r, result_w})
+            for low, high in zip([3] + [fd + 1 for fd in keep], keep + [nofile]):
+                os.closerange(low, high)
+            request = read_all(request_r)
+            if not request:
+                os._exit(0)  # never used
+            resource.setrlimit(resource.RLIMIT_CPU, (setup["cpu"], setup["cpu"] + 1))
+            try:
+                data = json.dumps({"status": "ok", "value": function(json.loads(request)["arg"])}).encode()
+            except BaseException as exc:
+                data = json.dumps({"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000]}).encode()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(result_w, view):]
+        finally:
+            os._exit(0)
+    os.close(request_r)
+    os.close(result_w)
+    return pid, request_w, result_r
+
+def ready_spare(spare):
+    """The spare fork, alive and not stopped (a call runs beside it and could have signalled it)."""
+    pid, request_w, result_r = spare
+    try:
+        os.kill(pid, signal.SIGCONT)
+        alive = os.waitpid(pid, os.WNOHANG)[0] == 0
+    except OSError:
+        alive = False
+    if alive:
+        return spare
+    os.close(request_w)
+    os.close(result_r)
+    return spawn()
+
+def run(request, spare):
+    """Answer ``request`` with the spare fork; returns the reply and the next spare."""
+    pid, request_w, read_end = ready_spare(spare)
+    view = memoryview(json.dumps(request).encode())
+    try:
+        while view:
+            view = view[os.write(request_w, view):]
+    except OSError:
+        pass  # it died after all: no reply, reported as crashed
+    os.close(request_w)
+    spare = spawn()
+    deadline = time.monotonic() + request["timeout"]
+    chunks, size, status, exited = [], 0, None, None
+    while status is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            status = "timeout"
+            break
+        if select.select([read_end], [], [], min(left, 0.05))[0]:
+            data = os.read(read_end, 1 << 16)
+            if not data:
+                break
+            size += len(data)
+            if size > setup["max_reply_bytes"]:
+                status = "too_large"
+            chunks.append(data)
+        elif exited is None:
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                exited = wait_status  # its reply is all in the pipe; a process it left may hold the pipe open
+                os.set_blocking(read_end, False)
+                try:
+                    while data := os.read(read_end, 1 << 16):
+                        chunks.append(data)
+                except BlockingIOError:
+                    pass
+                break
+    os.close(read_end)
+    for other in others(spare[0]):  # the call and anything it started
+        try:
+            os.kill(other, signal.SIGKILL)
+        except OSError:
+            pass
+    if exited is None:
+        exited = os.waitpid(pid, 0)[1]
+    gone_by = time.monotonic() + 1.0  # what the call left behind is reaped by pid 1
+    while others(spare[0]) and time.monotonic() < gone_by:
+        time.sleep(0.001)
+    if status is not None:
+        return {"status": status}, spare
+    try:
+        return json.loads(b"".join(chunks)), spare
+    except ValueError:
+        if os.WIFSIGNALED(exited) and os.WTERMSIG(exited) in (signal.SIGXCPU, signal.SIGKILL):
+            return {"status": "cpu_limit", "error": f"used more than {setup['cpu']} s of CPU time"}, spare
+        how = (f"killed by signal {os.WTERMSIG(exited)}" if os.WIFSIGNALED(exited)
+               else f"exit status {os.WEXITSTATUS(exited)}")
+        return {"status": "crashed", "error": how}, spare
+
+spare = spawn()
+send({"ready": True})
+while line := stdin.readline():
+    request = json.loads(line)
+    reply, spare = run(request, spare)
+    send({"id": request["id"], **reply})
+'''
+
+
+@dataclass
+class CallResult:
+    """``status``: ``ok`` (``value`` is the function's result), ``error`` (it raised: ``error`` says what),
+    ``timeout``, ``cpu_limit``, ``too_large`` (its result was over the limit) or ``crashed`` (the call or the
+    worker died)."""
+
+    status: str
+    value: object = None
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class SandboxWorker:
+    """A long-lived sandbox serving calls of one trusted function on untrusted arguments.
+
+    ``modules`` are ``(dotted name, source)`` pairs executed inside in order (the function's code and what it
+    imports from this project); ``entry`` is ``"dotted.module.function"``; ``libraries`` are installed package
+    folders shown read-only (e.g. sympy's); ``warmup`` are trusted arguments called once at start so lazy
+    imports happen before any untrusted call. The function takes and returns JSON values. Each call runs in
+    a fresh fork of the warmed-up process, with ``limits.cpu_seconds`` of CPU and a wall-clock timeout
+    (``limits.wall_seconds`` unless given); ``limits.memory_mb`` bounds every process. Thread-safe (calls are
+    serialised); a worker that dies is started again on the next call.
+    """
+
+    def __init__(self, modules, entry: str, libraries=(), limits: SandboxLimits = SandboxLimits(),
+                 warmup=(), start_timeout: float = 120.0, max_reply_bytes: int = 1 << 20) -> None:
+        self.setup = {"modules": [list(m) for m in modules], "entry": entry, "warmup": list(warmup),
+                      "cpu": int(limits.cpu_seconds), "max_reply_bytes": int(max_reply_bytes)}
+        self.libraries = list(libraries)
+        self.limits = limits
+        self.start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._owner = os.getpid()
+        self._buffer = b""
+        self._stderr: list[str] = []
+        self._calls = 0
+
+    # -- process management
+    def _start(self) -> None:
+        _require_isolation()
+        libraries = _library_paths(self.libraries)
+        work = tempfile.mkdtemp(prefix="verl-sandbox-worker-")
+        try:
+            # The worker's own CPU limit is generous (it only forks and waits); each call gets limits.cpu_seconds.
+            command = _prepare(work, _WORKER, self.limits, libraries, cpu_seconds=10 ** 6)
+            self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, close_fds=True, cwd="/", **_privileges())
+            self._owner, self._buffer, self._stderr = os.getpid(), b"", []
+            threading.Thread(target=self._drain_stderr, args=(self._proc,), daemon=True).start()
+            # the import path gets the folders holding the packages (only those packages are shown there)
+            self._send({**self.setup, "paths": sorted({os.path.dirname(path) for path in libraries})})
+            line = self._read_line(time.monotonic() + self.start_timeout)
+            if line is None or not json.loads(line).get("ready"):
+                exited = self._proc.poll() is not None
+                self._stop()
+                time.sleep(0.1)  # let the stderr reader catch the last lines
+                tail = "".join(self._stderr[-20:]).strip() or "no output"
+                when = "exited while starting" if exited else f"did not start within {self.start_timeout:g} s"
+                raise SandboxUnavailable(f"the sandbox worker for {self.setup['entry']} {when}: {tail}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # once started it lives in its own root
+
+    def _drain_stderr(self, proc: subprocess.Popen) -> None:
+        for raw in iter(proc.stderr.readline, b""):
+            if len(self._stderr) < 200:
+                self._stderr.append(raw.decode("utf-8", "replace"))
+
+    def _send(self, obj) -> None:
+        self._proc.stdin.write(json.dumps(obj).encode() + b"\n")
+        self._proc.stdin.flush()
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """One line from the worker, or None on end of output or at the deadline."""
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return None
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _stop(self) -> None:
+        if self._proc is not None and self._owner == os.getpid():
+            _kill(self._proc)
+            self._proc.wait()
+            for stream in (self._proc.stdin, self._proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        self._proc = None
+
+    # -- calls
+    def call(self, argument, timeout: float | None = None) -> CallResult:
+        timeout = self.limits.wall_seconds if timeout is None else float(timeout)
+        with self._lock:
+            if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+                self._proc = None  # a forked copy of this object must not touch the parent's process
+                self._start()
+            self._calls += 1
+            start = time.monotonic()
+            try:
+                self._send({"id": self._calls, "arg": argument, "timeout": timeout})
+            except (BrokenPipeError, OSError):
+                self._stop()
+                return CallResult("crashed", error="the worker exited", seconds=time.monotonic() - start)
+            line = self._read_line(start + timeout + 10.0)  # the worker enforces the timeout; this is a backstop
+            seconds = time.monotonic() - start
+            if line is None:
+                self._stop()
+                return CallResult("timeout" if seconds >= timeout else "crashed",
+                                  error="the worker stopped answering", seconds=seconds)
+            reply = json.loads(line)
+            if reply.get("id") != self._calls:
+                self._stop()
+                return CallResult("crashed", error="the worker answered out of turn", seconds=seconds)
+            return CallResult(reply["status"], reply.get("value"), reply.get("error", ""), seconds)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+class SandboxPool:
+    """Up to ``size`` :class:`SandboxWorker` s with the same set-up, started as needed; ``call`` borrows an idle
+    one, so ``size`` calls from different threads run at once."""
+
+    def __init__(self, size: int, **worker_kwargs) -> None:
+        self.size = max(1, int(size))
+        self.worker_kwargs = worker_kwargs
+        self._idle: list[SandboxWorker] = []
+        self._created = 0
+        self._available = threading.Condition()
+
+    def call(self, argument, timeout: float | None = None) -> CallResult:
+        with self._available:
+            while not self._idle and self._created >= self.size:
+                self._available.wait()
+            if self._idle:
+                worker = self._idle.pop()
+            else:
+                worker = SandboxWorker(**self.worker_kwargs)
+                self._created += 1
+        try:
+            return worker.call(argument, timeout)
+        finally:
+            with self._available:
+                self._idle.append(worker)
+                self._available.notify()
+
+    def close(self) -> None:
+        with self._available:
+            for worker in self._idle:
+                worker.close()
