@@ -50,6 +50,15 @@ def offline_hub_id(setup, tmp, monkeypatch):
     return [f"{AR}.model.path=Qwen/Qwen2.5-0.5B-Instruct", f"critic.model.path={setup['model']}"]
 
 
+def numina_without_sandbox(setup, tmp, monkeypatch):
+    from verl.utils import sandbox
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: "no `unshare` binary (util-linux) on this machine")
+    path = tmp / "numina.parquet"
+    _rows(setup, data_source="numina_olympiads").to_parquet(path)
+    return [f"data.train_files={path}"]
+
+
 def not_a_checkpoint(setup, tmp):
     (tmp / "global_step_3").mkdir()
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp}/global_step_3"]
@@ -70,6 +79,10 @@ CASES = {
     "data_source without a rule reward": (bad_data_source,
                                           ["bad_source.parquet, row 0: data_source='my/task' has no rule reward",
                                            "custom_reward_function.path"]),
+    "numina rows on a machine without the sandbox": (
+        numina_without_sandbox, ["numina.parquet, row 0: data_source='numina_olympiads' is scored by running or "
+                                 "evaluating model text, which needs the sandbox", "no `unshare` binary",
+                                 "score these rows with a custom reward"]),
     "ground truth None": (none_ground_truth, ["no_truth.parquet, row 0: reward_model.ground_truth is missing or None",
                                               "Fix or drop those rows"]),
     "model folder without config.json": (lambda s, t: model_copy(s, t, "config.json"),

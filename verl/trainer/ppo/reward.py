@@ -130,10 +130,11 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
         return
     from verl.utils.dataset import DatasetError
     from verl.utils.reward_score import find_scorer, registered_data_sources, rejected_kwargs
+    from verl.utils.sandbox import isolation
 
     known = registered_data_sources()
     reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {}) or {}))
-    checked_sources = set()
+    checked_sources, sandbox_checked = set(), set()
     source_key = config_get(config, "data.reward_fn_key", "data_source")
     problems = []
     sources = dataset.column_values(source_key)
@@ -145,7 +146,15 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
             if unknown:
                 problems.append(f"{path}, row {row}: the scorer of {source_key}={source!r} takes no "
                                 f"custom_reward_function.reward_kwargs {unknown} (it takes {takes})")
-        if find_scorer(source) is None:
+        scorer = find_scorer(source)
+        if scorer is not None and getattr(scorer, "needs_sandbox", False) and source not in sandbox_checked:
+            sandbox_checked.add(source)
+            if isolation() != "namespaces":
+                problems.append(f"{path}, row {row}: {source_key}={source!r} is scored by running or evaluating model "
+                                f"text, which needs the sandbox, and this machine has none: {isolation()}. Allow "
+                                "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; in Docker "
+                                "--security-opt seccomp=unconfined) or score these rows with a custom reward")
+        if scorer is None:
             problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
         elif not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
             problems.append(f"{path}, row {row}: reward_model.ground_truth is missing or None")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from verl.utils.reward_score import code, geo3k, gsm8k, math_dapo, math_reward, reverse_digits, search_qa
+from verl.utils.reward_score import code, geo3k, gsm8k, math_dapo, math_reward, prime_math, reverse_digits, search_qa
 
 __all__ = ["default_compute_score", "find_scorer", "register_score", "registered_data_sources", "rejected_kwargs"]
 
@@ -57,15 +57,17 @@ def find_scorer(data_source) -> Callable | None:
     return _SCORERS[max(prefixes, key=len)] if prefixes else None
 
 
-def _rule(target: Callable, with_extra_info: bool = False) -> Callable:
+def _rule(target: Callable, with_extra_info: bool = False, sandboxed: bool = False) -> Callable:
     """A scorer calling ``target(solution_str, ground_truth, [extra_info,] **kwargs)``; ``target`` is kept for
-    :func:`rejected_kwargs`."""
+    :func:`rejected_kwargs`, ``needs_sandbox`` (it runs model text: :mod:`verl.utils.sandbox`) for the
+    pre-flight check."""
     def scorer(solution_str, ground_truth, extra_info=None, **kwargs):
         if with_extra_info:
             kwargs["extra_info"] = extra_info
         return target(solution_str, ground_truth, **kwargs)
 
     scorer.target = target
+    scorer.needs_sandbox = sandboxed
     scorer.__qualname__ = f"{target.__module__}.{target.__name__}"
     return scorer
 
@@ -76,7 +78,8 @@ register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingF
 register_score("math_dapo", "math", "math_dapo_reasoning", "aime*")(_rule(math_dapo.compute_score))
 register_score("searchR1_*")(_rule(search_qa.compute_score))
 register_score("hiyouga/geometry3k")(_rule(geo3k.compute_score))
-register_score(*code.DATA_SOURCES)(_rule(code.compute_score, with_extra_info=True))
+register_score(*prime_math.DATA_SOURCES)(_rule(prime_math.compute_score, sandboxed=True))
+register_score(*code.DATA_SOURCES)(_rule(code.compute_score, with_extra_info=True, sandboxed=True))
 register_score(reverse_digits.DATA_SOURCE)(_rule(reverse_digits.compute_score, with_extra_info=True))
 
 

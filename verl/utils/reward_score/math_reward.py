@@ -213,9 +213,10 @@ def _fix_sqrt(string: str) -> str:
     return out
 
 
-def strip_string(string: str) -> str:
+def strip_string(string: str, percent_signs: tuple[str, ...] = ("\\\\%", "\\%")) -> str:
     """The original's clean-up of a MATH answer (see the module docstring); raises on inputs it cannot
-    handle (e.g. two ``\\text{ `` units, or a trailing ``\\sqrt``)."""
+    handle (e.g. two ``\\text{ `` units, or a trailing ``\\sqrt``). ``percent_signs`` are removed in order
+    (PRM800K's copy of this code removes ``\\%`` twice instead)."""
     s = string.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = s.replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\left", "").replace("\\right", "")
@@ -226,7 +227,8 @@ def strip_string(string: str) -> str:
         if len(units) != 2:
             raise ValueError("more than one unit")
         s = units[0]
-    s = s.replace("\\\\%", "").replace("\\%", "")
+    for sign in percent_signs:
+        s = s.replace(sign, "")
     s = s.replace(" .", " 0.").replace("{.", "{0.")
     if not s:
         return s

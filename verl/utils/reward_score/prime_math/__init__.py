@@ -1,0 +1,79 @@
+"""``numina_*`` rewards: the original verl's ``prime_math`` grader, run in a sandbox.
+
+The grader (:mod:`.grader`, see its docstring for what it accepts) evaluates text written by the model as
+Python while comparing answers -- sympy's ``parse_expr`` and ``eval`` of ``\\pi`` expressions -- so a response
+like ``\\boxed{(__import__('os').system(...))\\pi}`` would run on the trainer in the original. Here each
+response is graded in a :class:`~verl.utils.sandbox.SandboxWorker` (no network, none of the machine's files,
+CPU/memory limits, each call in a fresh fork of a process that imported sympy once): hostile text can only
+spoil its own score. A few milliseconds per response once a worker has started (about 0.5 s).
+
+Score: 1.0 when the answer is correct, else 0.0, as the original (which returns a float for these data
+sources). A response whose grading runs past ``timeout`` seconds (30; or 30 s of CPU) scores 0.0 with a
+warning, as the original's ``prime`` reward manager does for its timeouts; each sympy comparison inside has
+10 s, as in the original.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import os
+import threading
+from pathlib import Path
+
+from verl.utils.sandbox import SandboxLimits, SandboxPool, SandboxUnavailable
+
+__all__ = ["DATA_SOURCES", "compute_score"]
+
+logger = logging.getLogger(__name__)
+
+DATA_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+                "numina_cn_k12", "numina_olympiads")
+# The grader imports these inside the sandbox (shown read-only there); sympy needs mpmath.
+LIBRARIES = ("sympy", "mpmath", "pylatexenc")
+LIMITS = SandboxLimits(cpu_seconds=30, wall_seconds=30.0, memory_mb=2048, max_processes=64)
+_WARMUP = ({"solution": "Step 2: so the answer is \\boxed{\\frac{3}{4}}", "ground_truth": "0.75"},
+           {"solution": "\\boxed{(x+1)^2}", "ground_truth": "x^2 + 2x + 1"},
+           {"solution": "\\boxed{2\\pi}", "ground_truth": "6.28"})
+
+_pool: SandboxPool | None = None
+_pool_lock = threading.Lock()
+
+
+def _library_folders() -> list[str]:
+    folders = []
+    for name in LIBRARIES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise SandboxUnavailable(f"the numina_* grader needs the Python package {name!r}: pip install {name}")
+        folders.append(list(spec.submodule_search_locations)[0])
+    return folders
+
+
+def grader_pool() -> SandboxPool:
+    """The process-wide pool of grader workers (started on first use, one per concurrent caller, at most 8)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            here = Path(__file__).resolve().parent
+            modules = [("verl.utils.reward_score.math_reward", (here.parent / "math_reward.py").read_text()),
+                       ("verl.utils.reward_score.prime_math.grader", (here / "grader.py").read_text())]
+            _pool = SandboxPool(min(8, os.cpu_count() or 1), modules=modules,
+                                entry="verl.utils.reward_score.prime_math.grader.handle",
+                                libraries=_library_folders(), limits=LIMITS, warmup=_WARMUP)
+            atexit.register(_pool.close)
+        return _pool
+
+
+def compute_score(solution_str: str, ground_truth, timeout: float = 30.0) -> float:
+    """1.0 if the answer in ``solution_str`` equals ``ground_truth`` by the original's grader, else 0.0."""
+    result = grader_pool().call({"solution": str(solution_str), "ground_truth": str(ground_truth)}, timeout)
+    if result.ok:
+        return 1.0 if result.value["correct"] else 0.0
+    if result.status == "error":
+        raise RuntimeError(f"the prime_math grader failed on ground_truth={str(ground_truth)[:80]!r}: {result.error}")
+    logger.warning("prime_math grading stopped (%s%s) after %.1f s; scored 0.0. Response starts %r",
+                   result.status, f": {result.error}" if result.error else "", result.seconds,
+                   str(solution_str)[:120])
+    return 0.0
