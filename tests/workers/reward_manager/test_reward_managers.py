@@ -45,7 +45,7 @@ def test_registry_lists_the_managers():
     assert get_reward_manager_cls("naive") is NaiveRewardManager
     assert get_reward_manager_cls("batch") is BatchRewardManager
     assert get_reward_manager_cls("dapo") is DAPORewardManager
-    with pytest.raises(ValueError, match=r"unknown reward manager 'nope'; registered: batch, dapo, naive.*"
+    with pytest.raises(ValueError, match=r"unknown reward manager 'nope'; registered: batch, dapo, naive, prime.*"
                                          r"reward_model.reward_manager"):
         get_reward_manager_cls("nope")
     with pytest.raises(ValueError, match="already registered"):
@@ -250,3 +250,46 @@ def test_a_row_without_ground_truth_stops_the_run(tiny_tokenizer):
     with pytest.raises(ValueError, match=r"sample 1 of the batch \(dataset row index None\) has "
                                          r"reward_model.ground_truth None"):
         NaiveRewardManager(tiny_tokenizer, num_examine=0)(data)
+
+
+def test_prime_scores_samples_side_by_side_and_a_late_one_scores_zero(tiny_tokenizer, caplog):
+    import threading
+    import time
+
+    from verl.workers.reward_manager import PrimeRewardManager
+
+    at_once, lock = [0, 0], threading.Lock()
+
+    def slow_score(data_source, solution_str, ground_truth, extra_info=None):
+        with lock:
+            at_once[0] += 1
+            at_once[1] = max(at_once[1], at_once[0])
+        time.sleep(3.0 if ground_truth == "9" else 0.3)
+        with lock:
+            at_once[0] -= 1
+        return 1.0 if ground_truth in solution_str else 0.25
+
+    responses = ["#### 72", "#### 5", "#### 7", "#### 9"]
+    data = make_batch(tiny_tokenizer, ["a", "b", "c", "d"], responses, ["72", "4", "7", "9"])
+    manager = PrimeRewardManager(tiny_tokenizer, num_examine=0, compute_score=slow_score, timeout=1.0)
+    start = time.monotonic()
+    out = manager(data, return_dict=True)
+    elapsed = time.monotonic() - start
+    assert at_once[1] == 4 and elapsed < 2.0  # four 0.3 s scorings at once; the 3 s one is not waited for
+    lengths = response_lengths(tiny_tokenizer, responses)
+    last = [out["reward_tensor"][i, lengths[i] - 1].item() for i in range(4)]
+    assert last == [1.0, 0.25, 1.0, 0.0]  # the last sample ran past the 1 s limit
+    assert out["reward_extra_info"]["acc"] == [1.0, 0.25, 1.0, 0.0]
+    assert "sample 3 (data_source='openai/gsm8k') was not scored within 1 s" in caplog.text
+
+
+def test_prime_reports_a_failing_scorer_like_naive(tiny_tokenizer):
+    from verl.workers.reward_manager import PrimeRewardManager
+
+    def broken(data_source, solution_str, ground_truth, extra_info=None):
+        raise KeyError("answer")
+
+    data = make_batch(tiny_tokenizer, ["a"], ["#### 1"], ["1"])
+    with pytest.raises(RuntimeError, match=r"compute_score raised KeyError: 'answer' \(data_source='openai/gsm8k', "
+                                           r"sample 0 of the batch"):
+        PrimeRewardManager(tiny_tokenizer, num_examine=0, compute_score=broken)(data)

@@ -8,6 +8,7 @@ response token.
 from verl.workers.reward_manager.batch import BatchRewardManager
 from verl.workers.reward_manager.dapo import DAPORewardManager
 from verl.workers.reward_manager.naive import NaiveRewardManager
+from verl.workers.reward_manager.prime import PrimeRewardManager
 from verl.workers.reward_manager.registry import (
     get_reward_manager_cls,
     register,
@@ -18,6 +19,7 @@ __all__ = [
     "BatchRewardManager",
     "DAPORewardManager",
     "NaiveRewardManager",
+    "PrimeRewardManager",
     "get_reward_manager_cls",
     "register",
     "registered_reward_managers",

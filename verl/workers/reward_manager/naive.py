@@ -153,23 +153,24 @@ class NaiveRewardManager:
 
     def score(self, samples: list[ScoringInput]) -> list[tuple[float, dict]]:
         """``(reward, extra_info)`` for every sample, in order."""
-        results = []
-        for i, sample in enumerate(samples):
-            try:
-                result = self.compute_score(
-                    data_source=sample.data_source,
-                    solution_str=sample.response,
-                    ground_truth=sample.ground_truth,
-                    extra_info=sample.extra_info,
-                    **self.score_kwargs,
-                )
-            except Exception as exc:
-                raise RuntimeError(
-                    f"compute_score raised {type(exc).__name__}: {exc} (data_source={sample.data_source!r}, "
-                    f"sample {i} of the batch, ground_truth={sample.ground_truth!r}, response starts "
-                    f"{sample.response[:200]!r})") from exc
-            results.append(split_result(result, i, f"compute_score (data_source={sample.data_source!r})"))
-        return results
+        return [self.score_one(i, sample) for i, sample in enumerate(samples)]
+
+    def score_one(self, i: int, sample: ScoringInput) -> tuple[float, dict]:
+        """``(reward, extra_info)`` of sample ``i``; a failing scoring function is reported with the sample."""
+        try:
+            result = self.compute_score(
+                data_source=sample.data_source,
+                solution_str=sample.response,
+                ground_truth=sample.ground_truth,
+                extra_info=sample.extra_info,
+                **self.score_kwargs,
+            )
+        except Exception as exc:
+            raise RuntimeError(
+                f"compute_score raised {type(exc).__name__}: {exc} (data_source={sample.data_source!r}, "
+                f"sample {i} of the batch, ground_truth={sample.ground_truth!r}, response starts "
+                f"{sample.response[:200]!r})") from exc
+        return split_result(result, i, f"compute_score (data_source={sample.data_source!r})")
 
     @staticmethod
     def _collect_extra_info(infos: list[dict]) -> dict[str, list]:
