@@ -160,3 +160,19 @@ def test_concurrent_callers_get_their_own_answers():
     for thread in threads:
         thread.join()
     assert results == {i: (1.0 if i % 3 else 0.0) for i in range(24)}
+
+
+@needs_sandbox
+def test_a_repeated_answer_is_graded_once(monkeypatch):
+    from verl.utils.reward_score import prime_math
+
+    sent = []
+    pool = prime_math.grader_pool()
+    real_call = pool.call
+    monkeypatch.setattr(pool, "call", lambda arg, timeout=None: sent.append(arg) or real_call(arg, timeout))
+    monkeypatch.setattr(prime_math, "_verdicts", prime_math._Verdicts())
+    # three phrasings of the same answer "17" to one reference, then another reference
+    scores = [compute_score(text, "17") for text in ("The answer is 17", "so \\boxed{17}", "we get 17")]
+    scores.append(compute_score("The answer is 17", "18"))
+    assert scores == [1.0, 1.0, 1.0, 0.0]
+    assert sent == [{"answer": "17", "ground_truth": "17"}, {"answer": "17", "ground_truth": "18"}]

@@ -1,11 +1,13 @@
 """``numina_*`` rewards: the original verl's ``prime_math`` grader, run in a sandbox.
 
 The grader (:mod:`.grader`, see its docstring for what it accepts) evaluates text written by the model as
-Python while comparing answers -- sympy's ``parse_expr`` and ``eval`` of ``\\pi`` expressions -- so a response
-like ``\\boxed{(__import__('os').system(...))\\pi}`` would run on the trainer in the original. Here each
-response is graded in a :class:`~verl.utils.sandbox.SandboxWorker` (no network, none of the machine's files,
-CPU/memory limits, each call in a fresh fork of a process that imported sympy once): hostile text can only
-spoil its own score. A few milliseconds per response once a worker has started (about 0.5 s).
+Python while comparing answers -- sympy's ``parse_expr`` and ``eval`` of ``\\pi`` expressions -- so in the
+original a response like ``\\boxed{(exec(bytes([...]).decode()) or 1)*\\pi}`` runs any Python it likes on
+the trainer. Here the answer is extracted on the trainer (string work only, :mod:`.extract`) and graded in
+a :class:`~verl.utils.sandbox.SandboxWorker` (no network, none of the machine's files, CPU/memory limits,
+each grading in a fresh fork of a process that imported sympy once): hostile text can only spoil its own
+score. A grading costs a few milliseconds once a worker has started (about 0.5 s); a repeated (answer,
+reference) pair is graded once (the grader sees nothing else).
 
 Score: 1.0 when the answer is correct, else 0.0, as the original (which returns a float for these data
 sources). A response whose grading runs past ``timeout`` seconds (30; or 30 s of CPU) scores 0.0 with a
@@ -20,8 +22,10 @@ import importlib.util
 import logging
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
+from verl.utils.reward_score.prime_math.extract import extract_answer
 from verl.utils.sandbox import SandboxLimits, SandboxPool, SandboxUnavailable
 
 __all__ = ["DATA_SOURCES", "compute_score"]
@@ -33,9 +37,8 @@ DATA_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime",
 # The grader imports these inside the sandbox (shown read-only there); sympy needs mpmath.
 LIBRARIES = ("sympy", "mpmath", "pylatexenc")
 LIMITS = SandboxLimits(cpu_seconds=30, wall_seconds=30.0, memory_mb=2048, max_processes=64)
-_WARMUP = ({"solution": "Step 2: so the answer is \\boxed{\\frac{3}{4}}", "ground_truth": "0.75"},
-           {"solution": "\\boxed{(x+1)^2}", "ground_truth": "x^2 + 2x + 1"},
-           {"solution": "\\boxed{2\\pi}", "ground_truth": "6.28"})
+_WARMUP = ({"answer": "\\frac{3}{4}", "ground_truth": "0.75"}, {"answer": "(x+1)^2", "ground_truth": "x^2 + 2x + 1"},
+           {"answer": "2\\pi", "ground_truth": "6.28"})
 
 _pool: SandboxPool | None = None
 _pool_lock = threading.Lock()
@@ -58,6 +61,7 @@ def grader_pool() -> SandboxPool:
         if _pool is None:
             here = Path(__file__).resolve().parent
             modules = [("verl.utils.reward_score.math_reward", (here.parent / "math_reward.py").read_text()),
+                       ("verl.utils.reward_score.prime_math.extract", (here / "extract.py").read_text()),
                        ("verl.utils.reward_score.prime_math.grader", (here / "grader.py").read_text())]
             _pool = SandboxPool(min(8, os.cpu_count() or 1), modules=modules,
                                 entry="verl.utils.reward_score.prime_math.grader.handle",
@@ -66,14 +70,45 @@ def grader_pool() -> SandboxPool:
         return _pool
 
 
+class _Verdicts:
+    """Grades already given, by (extracted answer, reference): the grader is deterministic and sees only
+    those two, so a repeated answer (common within a GRPO group) is not sent to the sandbox again."""
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str]) -> bool | None:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            return None
+
+    def put(self, key: tuple[str, str], correct: bool) -> None:
+        with self._lock:
+            self._items[key] = correct
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+_verdicts = _Verdicts()
+
+
 def compute_score(solution_str: str, ground_truth, timeout: float = 30.0) -> float:
     """1.0 if the answer in ``solution_str`` equals ``ground_truth`` by the original's grader, else 0.0."""
-    result = grader_pool().call({"solution": str(solution_str), "ground_truth": str(ground_truth)}, timeout)
-    if result.ok:
-        return 1.0 if result.value["correct"] else 0.0
-    if result.status == "error":
-        raise RuntimeError(f"the prime_math grader failed on ground_truth={str(ground_truth)[:80]!r}: {result.error}")
-    logger.warning("prime_math grading stopped (%s%s) after %.1f s; scored 0.0. Response starts %r",
-                   result.status, f": {result.error}" if result.error else "", result.seconds,
-                   str(solution_str)[:120])
-    return 0.0
+    _, answer = extract_answer(str(solution_str))  # string work only: safe here
+    key = (answer, str(ground_truth))
+    correct = _verdicts.get(key)
+    if correct is None:
+        result = grader_pool().call({"answer": key[0], "ground_truth": key[1]}, timeout)
+        if result.status == "error":
+            raise RuntimeError(f"the prime_math grader failed on ground_truth={key[1][:80]!r}: {result.error}")
+        if not result.ok:  # not kept: a timeout may come from a loaded machine
+            logger.warning("prime_math grading stopped (%s%s) after %.1f s; scored 0.0. Answer %r",
+                           result.status, f": {result.error}" if result.error else "", result.seconds, answer[:120])
+            return 0.0
+        correct = bool(result.value["correct"])
+        _verdicts.put(key, correct)
+    return 1.0 if correct else 0.0

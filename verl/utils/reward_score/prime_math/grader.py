@@ -45,60 +45,7 @@ from sympy.parsing import sympy_parser
 from sympy.parsing.sympy_parser import parse_expr
 
 from verl.utils.reward_score.math_reward import strip_string
-
-# ============================================================================ answer extraction
-
-
-def last_boxed_content(text: str) -> str | None:
-    """The content of the last ``\\boxed`` (else ``\\fbox``): from the first ``{`` after it to the point where
-    the braces counted from the command balance again; None if there is no such span."""
-    start = text.rfind("\\boxed")
-    if start < 0:
-        start = text.rfind("\\fbox")
-        if start < 0:
-            return None
-    depth, opening = 0, None
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-            if opening is None:
-                opening = i
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return None if opening is None else text[opening + 1:i].strip()
-    return None
-
-
-def _after_last(text: str, marker: str) -> str | None:
-    at = text.lower().rfind(marker)
-    return None if at < 0 else text[at + len(marker):].strip()
-
-
-def extract_answer(response: str) -> tuple[bool, str]:
-    """``(matched, answer)``: the text after the last "answer:"/"answer is"/"answers are", before "is the
-    answer" and the like, inside the last box, before the last ". ", after the last "is "/"="/": "/...;
-    ``matched`` is whether a marker or a box was found and the answer has a digit (the score ignores it)."""
-    matched = False
-    for marker in ("answer:", "answer is", "answers are"):
-        rest = _after_last(response, marker)
-        if rest is not None:
-            matched, response = True, rest
-    for marker in ("is answer", "is the answer", "are answers", "are the answers"):
-        at = response.lower().rfind(marker)
-        if at >= 0:
-            matched, response = True, response[:at].strip()
-    boxed = last_boxed_content(response)
-    if boxed:
-        matched, response = True, boxed
-    if ". " in response:
-        response = response[:response.lower().rfind(". ")].strip()  # lower() may change the length, as there
-    for marker in ("be ", "is ", "are ", "=", ": ", "get ", "be\n", "is\n", "are\n", ":\n", "get\n"):
-        rest = _after_last(response, marker)
-        if rest is not None:
-            matched, response = True, rest
-    return matched and any(c.isdigit() for c in response), response
-
+from verl.utils.reward_score.prime_math.extract import extract_answer
 
 # ============================================================================ stage 1: PRM800K
 
@@ -394,23 +341,32 @@ def math_equal(prediction, reference, include_percentage: bool = True, tolerance
 # ============================================================================ the score
 
 
-def grade(solution: str, reference: str) -> dict:
-    """``{"correct", "format", "pred"}`` for one response, as the original's ``compute_score``."""
-    solution, reference = str(solution), str(reference)
-    _, answer = extract_answer(solution)
-    well_formed = "Step 2:" in solution and "\\box" in solution
-    if grade_answer(answer, reference):
-        return {"correct": True, "format": True, "pred": answer}
+def _stage_two(answer: str, reference: str) -> bool:
     try:
         if "\\pi" in answer or "\\pi" in reference:
-            correct = any([math_equal(answer, reference, pi=pi) for pi in (math.pi, 3.14)])
-        else:
-            correct = math_equal(answer, reference)
+            return any([math_equal(answer, reference, pi=pi) for pi in (math.pi, 3.14)])
+        return bool(math_equal(answer, reference))
     except BaseException:  # a bare except there: even an evaluated exit() scores 0
-        correct = False
-    return {"correct": bool(correct), "format": well_formed, "pred": answer}
+        return False
+
+
+def judge(answer: str, reference: str) -> bool:
+    """Whether the extracted ``answer`` equals ``reference``: stage 1, else stage 2, as the original's
+    ``compute_score`` (an exception in stage 2, or in what it evaluates, means "not equal")."""
+    return grade_answer(answer, reference) or _stage_two(answer, reference)
+
+
+def grade(solution: str, reference: str) -> dict:
+    """``{"correct", "format", "pred"}`` for one response, as the original's ``compute_score`` returns
+    them (``format`` is True whenever stage 1 accepts)."""
+    solution, reference = str(solution), str(reference)
+    _, answer = extract_answer(solution)
+    if grade_answer(answer, reference):
+        return {"correct": True, "format": True, "pred": answer}
+    return {"correct": _stage_two(answer, reference), "format": "Step 2:" in solution and "\\box" in solution,
+            "pred": answer}
 
 
 def handle(request: dict) -> dict:
-    """The sandbox worker's entry: ``{"solution", "ground_truth"}`` -> :func:`grade`."""
-    return grade(request["solution"], request["ground_truth"])
+    """The sandbox worker's entry: ``{"answer", "ground_truth"}`` -> ``{"correct"}``."""
+    return {"correct": judge(request["answer"], request["ground_truth"])}
