@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 __all__ = ["CallResult", "SandboxLimits", "SandboxPool", "SandboxResult", "SandboxUnavailable", "SandboxWorker",
@@ -138,6 +139,10 @@ if libc.umount2(b"/.old", 2) != 0:  # MNT_DETACH
     err = ctypes.get_errno()
     raise OSError(err, "umount old root: " + os.strerror(err))
 os.rmdir("/.old")
+# Read-only from here: the root (nothing can be planted next to the libraries), and for a worker, whose calls
+# must not leave anything for the next one, /sandbox and /tmp as well.
+for path in ["/"] + (["/sandbox", "/tmp"] if cfg["readonly"] else []):
+    mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 os.chdir("/sandbox")
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 pid = os.fork()
@@ -250,8 +255,10 @@ def _library_paths(libraries) -> list[str]:
     return paths
 
 
-def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seconds: int | None = None) -> list[str]:
-    """Write ``code`` into the folder ``work`` and return the command that runs it in a sandbox."""
+def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seconds: int | None = None,
+             readonly: bool = False) -> list[str]:
+    """Write ``code`` into the folder ``work`` and return the command that runs it in a sandbox (``readonly``:
+    with no writable folder at all)."""
     python = _interpreter()
     os.chmod(work, 0o755)
     code_file = os.path.join(work, "main.py")
@@ -266,7 +273,7 @@ def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seco
               "cpu": int(limits.cpu_seconds if cpu_seconds is None else cpu_seconds),
               "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
               "fsize": int(limits.max_file_mb) << 20, "nofile": int(limits.max_open_files),
-              "disk_mb": max(32, 2 * int(limits.max_file_mb))}
+              "disk_mb": max(32, 2 * int(limits.max_file_mb)), "readonly": readonly}
     return [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
             "--mount", "--ipc", "--uts", "--kill-child", python, "-I", "-S", "-c", _RUNNER, json.dumps(config)]
 
@@ -361,23 +368,29 @@ def _classify(returncode: int, stderr: str, timed_out: bool, overflow: bool, lim
 # ----------------------------------------------------------------------------- long-lived workers
 
 # main.py of a worker sandbox. The first stdin line sets it up (library paths, module sources, the entry
-# function, trusted warm-up arguments); then each line is one call, answered by one stdout line. Every call
-# runs in a fork of the warmed-up process, so nothing a call does (monkey-patching, planted files, leftover
-# processes) reaches a later call: the fork cannot read this process (not dumpable) nor its pipes (closed in
-# the fork), nothing writable is on the import path, and whatever the call started is killed when it ends.
+# function, trusted warm-up arguments); then each line is one call, answered by one stdout line.
+#
+# Every call runs in a fork of the warmed-up process that first enters new user, PID and mount namespaces:
+# it is pid 1 of a PID namespace of its own, with its own /proc, so it cannot see (signal, renice, prlimit,
+# open /proc/N of) this process, the next call's process or anything else; when it ends, the kernel kills
+# everything it started. Its file descriptors are only its two pipes; the file system is read-only (a
+# worker has no writable folder), so nothing can be planted for a later call; this process is not
+# dumpable. The reply is checked here and its id set here. So a call can decide its own reply, nothing else.
 _WORKER = r'''
 import ctypes, gc, json, os, resource, select, signal, sys, time, types
 sys.path[:] = [p for p in sys.path if p.startswith("/usr")]
 os.chdir("/")
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
 stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNS = 0x10000000, 0x20000000, 0x00020000
 
 def send(obj):
     stdout.write(json.dumps(obj).encode() + b"\n")
     stdout.flush()
 
 setup = json.loads(stdin.readline())
-sys.path[:0] = setup["paths"]
+sys.path += setup["paths"]  # after the standard library
 for name, source in setup["modules"]:
     parts = name.split(".")
     for depth in range(1, len(parts) + 1):
@@ -397,14 +410,9 @@ function = getattr(sys.modules[module_name], function_name)
 for argument in setup["warmup"]:
     function(argument)
 null = os.open("/dev/null", os.O_RDWR)
-me = os.getpid()
+nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 gc.collect()
 gc.freeze()  # what is loaded now is never scanned again: a fork's garbage collector leaves those pages shared
-
-nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-def others(spare):
-    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, me, spare)]
 
 def read_all(fd):
     chunks = []
@@ -412,9 +420,12 @@ def read_all(fd):
         chunks.append(data)
     return b"".join(chunks)
 
+def exit_like(status):
+    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
 def spawn():
-    """A fork that waits for one request. Forked ahead, while the previous call runs, so that its cost is
-    off the next call's path; it holds nothing but its two pipes."""
+    """The next call's process, made ahead while the current call runs: a fork (S) that enters new
+    namespaces and forks the call's process (pid 1 there), which waits for its request."""
     request_r, request_w = os.pipe()
     result_r, result_w = os.pipe()
     pid = os.fork()
@@ -426,94 +437,116 @@ def spawn():
             keep = sorted({null, request_r, result_w})
             for low, high in zip([3] + [fd + 1 for fd in keep], keep + [nofile]):
                 os.closerange(low, high)
-            request = read_all(request_r)
-            if not request:
-                os._exit(0)  # never used
-            resource.setrlimit(resource.RLIMIT_CPU, (setup["cpu"], setup["cpu"] + 1))
-            try:
-                data = json.dumps({"status": "ok", "value": function(json.loads(request)["arg"])}).encode()
-            except BaseException as exc:
-                data = json.dumps({"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000]}).encode()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(result_w, view):]
+            if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS) != 0:
+                os._exit(71)
+            inner = os.fork()
+            if inner == 0:
+                libc.mount(None, b"/", None, 16384 | (1 << 18), None)  # MS_REC | MS_PRIVATE
+                if libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:  # its own /proc
+                    os._exit(72)
+                request = read_all(request_r)
+                if not request:
+                    os._exit(0)  # never used
+                resource.setrlimit(resource.RLIMIT_CPU, (setup["cpu"], setup["cpu"] + 1))
+                try:
+                    data = json.dumps({"status": "ok", "value": function(json.loads(request)["arg"])}).encode()
+                except BaseException as exc:
+                    data = json.dumps({"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000]}).encode()
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(result_w, view):]
+                os._exit(0)
+            for fd in (request_r, result_w):
+                os.close(fd)
+            exit_like(os.waitpid(inner, 0)[1])
         finally:
-            os._exit(0)
+            os._exit(70)
     os.close(request_r)
     os.close(result_w)
     return pid, request_w, result_r
 
-def ready_spare(spare):
-    """The spare fork, alive and not stopped (a call runs beside it and could have signalled it)."""
-    pid, request_w, result_r = spare
-    try:
-        os.kill(pid, signal.SIGCONT)
-        alive = os.waitpid(pid, os.WNOHANG)[0] == 0
-    except OSError:
-        alive = False
-    if alive:
-        return spare
-    os.close(request_w)
-    os.close(result_r)
-    return spawn()
+def children_of(parent):
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == parent:
+                        found.append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+def end(pid, grace):
+    """The exit status of a call's process S, given ``grace`` seconds to end by itself; then it and the
+    namespace under it are killed, and this waits until they are gone (else it stops: the host starts a
+    fresh worker rather than run the next call beside a survivor)."""
+    status, waited = None, time.monotonic() + grace
+    while status is None and time.monotonic() < waited:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = wait_status
+        else:
+            time.sleep(0.0005)
+    if status is None:
+        for victim in children_of(pid) + [pid]:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except OSError:
+                pass
+        status = os.waitpid(pid, 0)[1]
+    gone_by = time.monotonic() + 2.0
+    while children_of(pid) or children_of(1) != [me]:  # orphans are reaped by pid 1
+        if time.monotonic() > gone_by:
+            os._exit(3)
+        time.sleep(0.001)
+    return status
+
+def check(reply):
+    if isinstance(reply, dict) and reply.get("status") == "ok" and "value" in reply:
+        return {"status": "ok", "value": reply["value"]}
+    if isinstance(reply, dict) and reply.get("status") == "error" and isinstance(reply.get("error"), str):
+        return {"status": "error", "error": reply["error"][:2000]}
+    return {"status": "crashed", "error": "the call sent a malformed reply"}
+
+me = os.getpid()
 
 def run(request, spare):
-    """Answer ``request`` with the spare fork; returns the reply and the next spare."""
-    pid, request_w, read_end = ready_spare(spare)
+    """Answer ``request`` with the spare call process; returns the reply and the next spare."""
+    pid, request_w, read_end = spare
     view = memoryview(json.dumps(request).encode())
     try:
         while view:
             view = view[os.write(request_w, view):]
     except OSError:
-        pass  # it died after all: no reply, reported as crashed
+        pass  # it died: no reply, reported as crashed
     os.close(request_w)
     spare = spawn()
     deadline = time.monotonic() + request["timeout"]
-    chunks, size, status, exited = [], 0, None, None
+    chunks, size, status = [], 0, None
     while status is None:
         left = deadline - time.monotonic()
         if left <= 0:
             status = "timeout"
-            break
-        if select.select([read_end], [], [], min(left, 0.05))[0]:
+        elif select.select([read_end], [], [], left)[0]:
             data = os.read(read_end, 1 << 16)
             if not data:
-                break
+                break  # the call's process closed its end: it wrote all it will write
             size += len(data)
             if size > setup["max_reply_bytes"]:
                 status = "too_large"
             chunks.append(data)
-        elif exited is None:
-            done, wait_status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                exited = wait_status  # its reply is all in the pipe; a process it left may hold the pipe open
-                os.set_blocking(read_end, False)
-                try:
-                    while data := os.read(read_end, 1 << 16):
-                        chunks.append(data)
-                except BlockingIOError:
-                    pass
-                break
     os.close(read_end)
-    for other in others(spare[0]):  # the call and anything it started
-        try:
-            os.kill(other, signal.SIGKILL)
-        except OSError:
-            pass
-    if exited is None:
-        exited = os.waitpid(pid, 0)[1]
-    gone_by = time.monotonic() + 1.0  # what the call left behind is reaped by pid 1
-    while others(spare[0]) and time.monotonic() < gone_by:
-        time.sleep(0.001)
+    exited = end(pid, 0.5 if status is None else 0.0)  # a complete reply: S ends right after its call
     if status is not None:
         return {"status": status}, spare
     try:
-        return json.loads(b"".join(chunks)), spare
+        return check(json.loads(b"".join(chunks))), spare
     except ValueError:
-        if os.WIFSIGNALED(exited) and os.WTERMSIG(exited) in (signal.SIGXCPU, signal.SIGKILL):
+        code = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else 128 + os.WTERMSIG(exited)
+        if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
             return {"status": "cpu_limit", "error": f"used more than {setup['cpu']} s of CPU time"}, spare
-        how = (f"killed by signal {os.WTERMSIG(exited)}" if os.WIFSIGNALED(exited)
-               else f"exit status {os.WEXITSTATUS(exited)}")
+        how = f"killed by signal {code - 128}" if code > 128 else f"exit status {code}"
         return {"status": "crashed", "error": how}, spare
 
 spare = spawn()
@@ -521,8 +554,21 @@ send({"ready": True})
 while line := stdin.readline():
     request = json.loads(line)
     reply, spare = run(request, spare)
-    send({"id": request["id"], **reply})
+    send({**reply, "id": request["id"]})
 '''
+
+
+# Workers and pools of this process: a forked child forgets them (its copies would hold the parent's pipes
+# open, and their locks may have been held by a parent thread).
+_FORK_AWARE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _forget_workers_after_fork() -> None:
+    for obj in list(_FORK_AWARE):
+        obj._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_workers_after_fork)
 
 
 @dataclass
@@ -548,9 +594,11 @@ class SandboxWorker:
     imports from this project); ``entry`` is ``"dotted.module.function"``; ``libraries`` are installed package
     folders shown read-only (e.g. sympy's); ``warmup`` are trusted arguments called once at start so lazy
     imports happen before any untrusted call. The function takes and returns JSON values. Each call runs in
-    a fresh fork of the warmed-up process, with ``limits.cpu_seconds`` of CPU and a wall-clock timeout
-    (``limits.wall_seconds`` unless given); ``limits.memory_mb`` bounds every process. Thread-safe (calls are
-    serialised); a worker that dies is started again on the next call.
+    a fresh fork of the warmed-up process, alone in PID, user and mount namespaces of its own, on a read-only
+    file system (see ``_WORKER``), with ``limits.cpu_seconds`` of CPU and a wall-clock timeout
+    (``limits.wall_seconds`` unless given); ``limits.memory_mb`` bounds every process. A call decides its own
+    result and nothing else. Thread-safe (calls are serialised); a worker that dies is started again on the
+    next call; a forked child of this process starts its own.
     """
 
     def __init__(self, modules, entry: str, libraries=(), limits: SandboxLimits = SandboxLimits(),
@@ -562,10 +610,21 @@ class SandboxWorker:
         self.start_timeout = start_timeout
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._owner = os.getpid()
         self._buffer = b""
         self._stderr: list[str] = []
         self._calls = 0
+        _FORK_AWARE.add(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's worker is not ours; drop our copies of its pipes (else it would
+        never see them close) and a lock some parent thread may have held."""
+        if self._proc is not None:
+            for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+                try:
+                    os.close(stream.fileno())
+                except (OSError, ValueError):
+                    pass
+        self._proc, self._buffer, self._lock = None, b"", threading.Lock()
 
     # -- process management
     def _start(self) -> None:
@@ -574,14 +633,19 @@ class SandboxWorker:
         work = tempfile.mkdtemp(prefix="verl-sandbox-worker-")
         try:
             # The worker's own CPU limit is generous (it only forks and waits); each call gets limits.cpu_seconds.
-            command = _prepare(work, _WORKER, self.limits, libraries, cpu_seconds=10 ** 6)
+            command = _prepare(work, _WORKER, self.limits, libraries, cpu_seconds=10 ** 6, readonly=True)
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, close_fds=True, cwd="/", **_privileges())
-            self._owner, self._buffer, self._stderr = os.getpid(), b"", []
+            self._buffer, self._stderr = b"", []
+            os.set_blocking(self._proc.stdin.fileno(), False)  # written with a deadline, never blocking
             threading.Thread(target=self._drain_stderr, args=(self._proc,), daemon=True).start()
+            deadline = time.monotonic() + self.start_timeout
             # the import path gets the folders holding the packages (only those packages are shown there)
-            self._send({**self.setup, "paths": sorted({os.path.dirname(path) for path in libraries})})
-            line = self._read_line(time.monotonic() + self.start_timeout)
+            try:
+                self._send({**self.setup, "paths": sorted({os.path.dirname(path) for path in libraries})}, deadline)
+                line = self._read_line(deadline)
+            except OSError:
+                line = None
             if line is None or not json.loads(line).get("ready"):
                 exited = self._proc.poll() is not None
                 self._stop()
@@ -597,9 +661,18 @@ class SandboxWorker:
             if len(self._stderr) < 200:
                 self._stderr.append(raw.decode("utf-8", "replace"))
 
-    def _send(self, obj) -> None:
-        self._proc.stdin.write(json.dumps(obj).encode() + b"\n")
-        self._proc.stdin.flush()
+    def _send(self, obj, deadline: float) -> None:
+        """One line to the worker; TimeoutError when it does not take it by ``deadline``."""
+        fd = self._proc.stdin.fileno()
+        view = memoryview(json.dumps(obj).encode() + b"\n")
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise TimeoutError("the worker does not read its input")
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
 
     def _read_line(self, deadline: float) -> bytes | None:
         """One line from the worker, or None on end of output or at the deadline."""
@@ -616,7 +689,7 @@ class SandboxWorker:
         return line
 
     def _stop(self) -> None:
-        if self._proc is not None and self._owner == os.getpid():
+        if self._proc is not None:
             _kill(self._proc)
             self._proc.wait()
             for stream in (self._proc.stdin, self._proc.stdout):
@@ -630,23 +703,24 @@ class SandboxWorker:
     def call(self, argument, timeout: float | None = None) -> CallResult:
         timeout = self.limits.wall_seconds if timeout is None else float(timeout)
         with self._lock:
-            if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
-                self._proc = None  # a forked copy of this object must not touch the parent's process
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
                 self._start()
             self._calls += 1
             start = time.monotonic()
             try:
-                self._send({"id": self._calls, "arg": argument, "timeout": timeout})
-            except (BrokenPipeError, OSError):
+                self._send({"id": self._calls, "arg": argument, "timeout": timeout}, start + 10.0)
+            except OSError as exc:  # gone (BrokenPipeError) or not reading (TimeoutError)
                 self._stop()
-                return CallResult("crashed", error="the worker exited", seconds=time.monotonic() - start)
+                return CallResult("crashed", error=f"the worker did not take the call: {exc}",
+                                  seconds=time.monotonic() - start)
             line = self._read_line(start + timeout + 10.0)  # the worker enforces the timeout; this is a backstop
             seconds = time.monotonic() - start
             if line is None:
                 self._stop()
                 return CallResult("timeout" if seconds >= timeout else "crashed",
                                   error="the worker stopped answering", seconds=seconds)
-            reply = json.loads(line)
+            reply = json.loads(line)  # written by the worker itself, which checked what the call sent
             if reply.get("id") != self._calls:
                 self._stop()
                 return CallResult("crashed", error="the worker answered out of turn", seconds=seconds)
@@ -667,6 +741,10 @@ class SandboxPool:
         self._idle: list[SandboxWorker] = []
         self._created = 0
         self._available = threading.Condition()
+        _FORK_AWARE.add(self)
+
+    def _forget_after_fork(self) -> None:
+        self._idle, self._created, self._available = [], 0, threading.Condition()
 
     def call(self, argument, timeout: float | None = None) -> CallResult:
         with self._available:
