@@ -59,6 +59,19 @@ def numina_without_sandbox(setup, tmp, monkeypatch):
     return [f"data.train_files={path}"]
 
 
+def numina_without_pylatexenc(setup, tmp, monkeypatch):
+    from verl.utils.reward_score import prime_math
+    from verl.utils.sandbox import SandboxUnavailable
+
+    def missing():
+        raise SandboxUnavailable("the numina_* grader needs the Python package 'pylatexenc': pip install pylatexenc")
+
+    monkeypatch.setattr(prime_math, "check_sandbox", missing)
+    path = tmp / "numina.parquet"
+    _rows(setup, data_source="numina_cn_k12").to_parquet(path)
+    return [f"data.train_files={path}"]
+
+
 def not_a_checkpoint(setup, tmp):
     (tmp / "global_step_3").mkdir()
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={tmp}/global_step_3"]
@@ -83,6 +96,9 @@ CASES = {
         numina_without_sandbox, ["numina.parquet, row 0: data_source='numina_olympiads' is scored by running or "
                                  "evaluating model text, which needs the sandbox", "no `unshare` binary",
                                  "score these rows with a custom reward"]),
+    "numina rows without the grader's packages": (
+        numina_without_pylatexenc, ["numina.parquet, row 0: data_source='numina_cn_k12' cannot be scored here",
+                                    "pip install pylatexenc"]),
     "ground truth None": (none_ground_truth, ["no_truth.parquet, row 0: reward_model.ground_truth is missing or None",
                                               "Fix or drop those rows"]),
     "model folder without config.json": (lambda s, t: model_copy(s, t, "config.json"),

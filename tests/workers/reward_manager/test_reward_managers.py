@@ -254,33 +254,42 @@ def test_a_row_without_ground_truth_stops_the_run(tiny_tokenizer):
 
 def test_prime_scores_samples_side_by_side_and_a_late_one_scores_zero(tiny_tokenizer, caplog):
     import threading
-    import time
 
     from verl.workers.reward_manager import PrimeRewardManager
 
-    at_once, lock = [0, 0], threading.Lock()
+    together = threading.Barrier(3, timeout=20)  # passes only if three scorings run at the same time
+    release = threading.Event()
 
-    def slow_score(data_source, solution_str, ground_truth, extra_info=None):
-        with lock:
-            at_once[0] += 1
-            at_once[1] = max(at_once[1], at_once[0])
-        time.sleep(3.0 if ground_truth == "9" else 0.3)
-        with lock:
-            at_once[0] -= 1
+    def score(data_source, solution_str, ground_truth, extra_info=None):
+        if ground_truth == "9":
+            release.wait(60)  # still running when the manager gives up on it
+        else:
+            together.wait()
         return 1.0 if ground_truth in solution_str else 0.25
 
     responses = ["#### 72", "#### 5", "#### 7", "#### 9"]
     data = make_batch(tiny_tokenizer, ["a", "b", "c", "d"], responses, ["72", "4", "7", "9"])
-    manager = PrimeRewardManager(tiny_tokenizer, num_examine=0, compute_score=slow_score, timeout=1.0)
-    start = time.monotonic()
-    out = manager(data, return_dict=True)
-    elapsed = time.monotonic() - start
-    assert at_once[1] == 4 and elapsed < 2.0  # four 0.3 s scorings at once; the 3 s one is not waited for
+    manager = PrimeRewardManager(tiny_tokenizer, num_examine=0, compute_score=score, timeout=1.0)
+    try:
+        out = manager(data, return_dict=True)
+    finally:
+        release.set()
     lengths = response_lengths(tiny_tokenizer, responses)
     last = [out["reward_tensor"][i, lengths[i] - 1].item() for i in range(4)]
     assert last == [1.0, 0.25, 1.0, 0.0]  # the last sample ran past the 1 s limit
     assert out["reward_extra_info"]["acc"] == [1.0, 0.25, 1.0, 0.0]
     assert "sample 3 (data_source='openai/gsm8k') was not scored within 1 s" in caplog.text
+
+
+def test_prime_needs_the_same_keys_from_every_sample_like_naive(tiny_tokenizer):
+    from verl.workers.reward_manager import PrimeRewardManager
+
+    def mixed(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": 1.0, "acc": True} if ground_truth == "1" else 0.5
+
+    data = make_batch(tiny_tokenizer, ["a", "b"], ["#### 1", "#### 2"], ["1", "2"])
+    with pytest.raises(ValueError, match="returned 'score' for 1 of 2 samples"):
+        PrimeRewardManager(tiny_tokenizer, num_examine=0, compute_score=mixed)(data)
 
 
 def test_prime_reports_a_failing_scorer_like_naive(tiny_tokenizer):

@@ -130,7 +130,7 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
         return
     from verl.utils.dataset import DatasetError
     from verl.utils.reward_score import find_scorer, registered_data_sources, rejected_kwargs
-    from verl.utils.sandbox import isolation
+    from verl.utils.sandbox import SandboxUnavailable, isolation
 
     known = registered_data_sources()
     reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {}) or {}))
@@ -154,6 +154,11 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
                                 f"text, which needs the sandbox, and this machine has none: {isolation()}. Allow "
                                 "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; in Docker "
                                 "--security-opt seccomp=unconfined) or score these rows with a custom reward")
+            elif getattr(scorer, "check", None) is not None:
+                try:
+                    scorer.check()
+                except SandboxUnavailable as exc:
+                    problems.append(f"{path}, row {row}: {source_key}={source!r} cannot be scored here: {exc}")
         if scorer is None:
             problems.append(f"{path}, row {row}: {source_key}={source!r} has no rule reward")
         elif not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:

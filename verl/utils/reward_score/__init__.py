@@ -57,10 +57,11 @@ def find_scorer(data_source) -> Callable | None:
     return _SCORERS[max(prefixes, key=len)] if prefixes else None
 
 
-def _rule(target: Callable, with_extra_info: bool = False, sandboxed: bool = False) -> Callable:
+def _rule(target: Callable, with_extra_info: bool = False, sandboxed: bool = False,
+          check: Callable | None = None) -> Callable:
     """A scorer calling ``target(solution_str, ground_truth, [extra_info,] **kwargs)``; ``target`` is kept for
-    :func:`rejected_kwargs`, ``needs_sandbox`` (it runs model text: :mod:`verl.utils.sandbox`) for the
-    pre-flight check."""
+    :func:`rejected_kwargs`, ``needs_sandbox`` (it runs model text: :mod:`verl.utils.sandbox`) and ``check``
+    (raises :class:`~verl.utils.sandbox.SandboxUnavailable` when it cannot work here) for the pre-flight check."""
     def scorer(solution_str, ground_truth, extra_info=None, **kwargs):
         if with_extra_info:
             kwargs["extra_info"] = extra_info
@@ -68,6 +69,7 @@ def _rule(target: Callable, with_extra_info: bool = False, sandboxed: bool = Fal
 
     scorer.target = target
     scorer.needs_sandbox = sandboxed
+    scorer.check = check
     scorer.__qualname__ = f"{target.__module__}.{target.__name__}"
     return scorer
 
@@ -78,7 +80,8 @@ register_score("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingF
 register_score("math_dapo", "math", "math_dapo_reasoning", "aime*")(_rule(math_dapo.compute_score))
 register_score("searchR1_*")(_rule(search_qa.compute_score))
 register_score("hiyouga/geometry3k")(_rule(geo3k.compute_score))
-register_score(*prime_math.DATA_SOURCES)(_rule(prime_math.compute_score, sandboxed=True))
+register_score(*prime_math.DATA_SOURCES)(_rule(prime_math.compute_score, sandboxed=True,
+                                                 check=lambda: prime_math.check_sandbox()))
 register_score(*code.DATA_SOURCES)(_rule(code.compute_score, with_extra_info=True, sandboxed=True))
 register_score(reverse_digits.DATA_SOURCE)(_rule(reverse_digits.compute_score, with_extra_info=True))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from verl.utils.reward_score.prime_math.extract import extract_answer
 from verl.utils.sandbox import SandboxLimits, SandboxPool, SandboxUnavailable
 
-__all__ = ["DATA_SOURCES", "compute_score"]
+__all__ = ["DATA_SOURCES", "check_sandbox", "compute_score"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ def _library_folders() -> list[str]:
 
 
 def grader_pool() -> SandboxPool:
-    """The process-wide pool of grader workers (started on first use, one per concurrent caller, at most 8)."""
+    """The process-wide pool of grader workers (started on first use, one per concurrent caller, as many as
+    CPUs up to 16)."""
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -63,11 +64,21 @@ def grader_pool() -> SandboxPool:
             modules = [("verl.utils.reward_score.math_reward", (here.parent / "math_reward.py").read_text()),
                        ("verl.utils.reward_score.prime_math.extract", (here / "extract.py").read_text()),
                        ("verl.utils.reward_score.prime_math.grader", (here / "grader.py").read_text())]
-            _pool = SandboxPool(min(8, os.cpu_count() or 1), modules=modules,
+            _pool = SandboxPool(min(16, os.cpu_count() or 1), modules=modules,
                                 entry="verl.utils.reward_score.prime_math.grader.handle",
                                 libraries=_library_folders(), limits=LIMITS, warmup=_WARMUP)
             atexit.register(_pool.close)
         return _pool
+
+
+def check_sandbox() -> None:
+    """Start a grader worker and grade one pair, as the pre-flight check does for numina_* rows: raises
+    :class:`SandboxUnavailable` saying what is missing (a package, a folder the sandbox user cannot read, an
+    interpreter that cannot import them...)."""
+    result = grader_pool().call({"answer": "1", "ground_truth": "1"}, 60.0)
+    if not (result.ok and result.value == {"correct": True}):
+        raise SandboxUnavailable(f"the numina_* grader does not work in the sandbox here: {result.status} "
+                                 f"{result.error}".strip())
 
 
 class _Verdicts:
@@ -103,12 +114,13 @@ def compute_score(solution_str: str, ground_truth, timeout: float = 30.0) -> flo
     correct = _verdicts.get(key)
     if correct is None:
         result = grader_pool().call({"answer": key[0], "ground_truth": key[1]}, timeout)
-        if result.status == "error":
-            raise RuntimeError(f"the prime_math grader failed on ground_truth={key[1][:80]!r}: {result.error}")
-        if not result.ok:  # not kept: a timeout may come from a loaded machine
-            logger.warning("prime_math grading stopped (%s%s) after %.1f s; scored 0.0. Answer %r",
-                           result.status, f": {result.error}" if result.error else "", result.seconds, answer[:120])
+        correct = result.value.get("correct") if result.ok and isinstance(result.value, dict) else None
+        if not isinstance(correct, bool):
+            # The reply comes from where the model's text ran: whatever it says, this response scores 0.
+            # Not kept: a timeout may come from a loaded machine.
+            problem = result.status if result.ok is False else "a reply without a verdict"
+            logger.warning("prime_math grading gave no verdict (%s%s) after %.1f s; scored 0.0. Answer %r",
+                           problem, f": {result.error}" if result.error else "", result.seconds, answer[:120])
             return 0.0
-        correct = bool(result.value["correct"])
         _verdicts.put(key, correct)
     return 1.0 if correct else 0.0
