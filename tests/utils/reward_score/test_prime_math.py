@@ -115,8 +115,9 @@ def test_model_text_evaluated_by_the_grader_runs_in_the_sandbox():
     finally:
         os.remove(here)
     target = f"/tmp/verl-prime-write-{os.getpid()}"
-    assert compute_score(f"\\boxed{{(open({target!r}, 'w').write('x'))*\\pi}}", "3.14") == 1.0  # it wrote...
-    assert not os.path.exists(target)  # ...in the sandbox's own /tmp
+    # writing raises there (nothing in a grader worker is writable), so the text stays text: 0
+    assert compute_score(f"\\boxed{{(open({target!r}, 'w').write('x'))*\\pi}}", "3.14") == 0.0
+    assert not os.path.exists(target)
 
 
 # Evaluated by the grader, this makes re.match always match, after which every answer and reference lose
@@ -142,8 +143,8 @@ def test_grading_that_hangs_scores_zero_after_the_timeout_and_the_next_one_works
     start = time.monotonic()
     # "x" lets stage 1 hand the difference to sympy, which would compute 9**999999999
     assert compute_score("\\boxed{9**999999999}", "x", timeout=1.5) == 0.0
-    assert time.monotonic() - start < 6
-    assert "prime_math grading stopped (timeout)" in caplog.text
+    assert time.monotonic() - start < 30  # not the 9**999999999 itself
+    assert "prime_math grading gave no verdict (timeout)" in caplog.text
     assert compute_score("The answer is \\boxed{4}", "4") == 1.0
 
 
