@@ -186,6 +186,44 @@ def handle(arg):
         except OSError:
             pass
         return {"seen": seen, "parent": os.getppid(), "touched": sorted(set(touched))}
+    if kind == "raw":  # write a reply by hand into its own pipe: too deeply nested for a parser
+        import stat
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                if stat.S_ISFIFO(os.fstat(fd).st_mode) and os.get_blocking(fd) is not None:
+                    os.write(fd, b'{"status": "ok", "value": ' + b"[" * 990 + b"]" * 990 + b"}")
+            except OSError:
+                pass
+        os._exit(0)
+    if kind == "deep":
+        value = []
+        for _ in range(200):
+            value = [value]
+        return value
+    if kind == "ipc":  # a System V shared memory segment left behind, and the ones it can see
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        seen = len(open("/proc/sysvipc/shm").read().splitlines()) - 1
+        made = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+        return {"seen": seen, "made": made >= 0}
+    if kind == "escape":  # unmount its /proc, lower its session's priority
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        unmounted = libc.umount2(b"/proc", 2) == 0
+        nice = open("/proc/self/autogroup").read()
+        try:
+            open("/proc/self/autogroup", "w").write("19")
+        except OSError:
+            pass
+        return {"unmounted": unmounted, "autogroup": nice}
+    if kind == "threads":  # use up the process limit while the next call's process is being made
+        import threading
+        while True:
+            try:
+                threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+            except RuntimeError:
+                time.sleep(0.2)
+                return "exhausted"
     if kind == "write":
         results = {}
         for path in ("/planted.py", "/tmp/planted.py", "/sandbox/planted.py",
@@ -255,6 +293,29 @@ def test_a_call_sees_and_touches_no_other_process_and_writes_nowhere(worker):
     written = worker.call({"kind": "write"}).value
     assert set(written.values()) <= {"OSError", "PermissionError"}, written
     assert worker.call({"kind": "echo"}).value["lib"] == 42
+
+
+def test_a_reply_too_deep_or_forged_is_refused_without_harm(worker):
+    assert worker.call({"kind": "deep"}).status == "crashed"  # nested past 64 levels
+    assert worker.call({"kind": "raw"}).status == "crashed"  # written by hand, 990 levels
+    assert worker.call({"kind": "echo"}).ok
+
+
+def test_calls_share_no_system_v_memory_no_proc_and_no_scheduling(worker):
+    first = worker.call({"kind": "ipc"}).value
+    assert first["made"] and worker.call({"kind": "ipc"}).value["seen"] == 0  # its own, and gone with it
+    escape = worker.call({"kind": "escape"})
+    assert escape.ok and escape.value["unmounted"] is False
+    again = worker.call({"kind": "escape"}).value
+    # each call has a session (scheduling group) of its own: the first one's nice 19 stayed with it
+    assert again["autogroup"] != escape.value["autogroup"] and again["autogroup"].endswith(" nice 0\n")
+    assert {p.nice() for p in _worker_processes(worker)} == {0}
+
+
+def test_a_call_using_up_the_process_limit_does_not_spoil_the_next(worker):
+    for _ in range(3):
+        assert worker.call({"kind": "threads"}).value == "exhausted"
+        assert worker.call({"kind": "echo"}).ok
 
 
 def test_a_worker_killed_from_outside_is_started_again(worker):

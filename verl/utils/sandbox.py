@@ -145,6 +145,8 @@ for path in ["/"] + (["/sandbox", "/tmp"] if cfg["readonly"] else []):
     mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 os.chdir("/sandbox")
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
+with open("/proc/self/oom_score_adj", "w") as f:  # out of memory, the kernel kills sandboxed code first
+    f.write("1000")
 pid = os.fork()
 if pid == 0:
     os.setsid()
@@ -180,8 +182,9 @@ os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS
 '''
 
 
-# pivot_root has no libc wrapper: its system call number per architecture.
+# pivot_root and capset have no libc wrapper: their system call numbers per architecture.
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
+_CAPSET = {"x86_64": 126, "aarch64": 91, "arm64": 91, "ppc64le": 184, "s390x": 185, "riscv64": 91}
 
 
 def _interpreter() -> str:
@@ -370,12 +373,15 @@ def _classify(returncode: int, stderr: str, timed_out: bool, overflow: bool, lim
 # main.py of a worker sandbox. The first stdin line sets it up (library paths, module sources, the entry
 # function, trusted warm-up arguments); then each line is one call, answered by one stdout line.
 #
-# Every call runs in a fork of the warmed-up process that first enters new user, PID and mount namespaces:
-# it is pid 1 of a PID namespace of its own, with its own /proc, so it cannot see (signal, renice, prlimit,
-# open /proc/N of) this process, the next call's process or anything else; when it ends, the kernel kills
-# everything it started. Its file descriptors are only its two pipes; the file system is read-only (a
-# worker has no writable folder), so nothing can be planted for a later call; this process is not
-# dumpable. The reply is checked here and its id set here. So a call can decide its own reply, nothing else.
+# Every call runs in a fork of the warmed-up process that first enters new user, PID, mount, IPC and UTS
+# namespaces: it is pid 1 of a PID namespace of its own, in its own session, with its own /proc and
+# no capability left, so it cannot see (signal, renice, prlimit, open /proc/N of) this process, the next
+# call's process or anything else, nor share System V memory or queues with them; when it ends, the kernel
+# kills everything it started. Its file descriptors are only its two pipes; the file system is read-only
+# (a worker has no writable folder), so nothing can be planted for a later call; this process is not
+# dumpable. The next call's process is made while a call runs and says when it is ready (a failed one is
+# made again after the call). The reply is checked here (shape, nesting) and its id set here. So a call
+# decides its own reply, and nothing else.
 _WORKER = r'''
 import ctypes, gc, json, os, resource, select, signal, sys, time, types
 sys.path[:] = [p for p in sys.path if p.startswith("/usr")]
@@ -383,7 +389,6 @@ os.chdir("/")
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
 stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNS = 0x10000000, 0x20000000, 0x00020000
 
 def send(obj):
     stdout.write(json.dumps(obj).encode() + b"\n")
@@ -411,6 +416,8 @@ for argument in setup["warmup"]:
     function(argument)
 null = os.open("/dev/null", os.O_RDWR)
 nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+with open("/proc/sys/kernel/cap_last_cap") as f:
+    cap_last = int(f.read())
 gc.collect()
 gc.freeze()  # what is loaded now is never scanned again: a fork's garbage collector leaves those pages shared
 
@@ -423,12 +430,22 @@ def read_all(fd):
 def exit_like(status):
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
+# user, PID, mount, IPC, UTS. Not network: the sandbox's has no interface, a call has no capability in it, and
+# a worker runs one call at a time (a namespace of its own would cost ~1 ms a call).
+NAMESPACES = 0x10000000 | 0x20000000 | 0x00020000 | 0x08000000 | 0x04000000
+
 def spawn():
     """The next call's process, made ahead while the current call runs: a fork (S) that enters new
-    namespaces and forks the call's process (pid 1 there), which waits for its request."""
+    namespaces and forks the call's process (pid 1 there), which says b"R" when it is ready for its request.
+    None when the fork fails (the current call may be using up the process limit): retried later."""
     request_r, request_w = os.pipe()
     result_r, result_w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (request_r, request_w, result_r, result_w):
+            os.close(fd)
+        return None
     if pid == 0:
         try:
             gc.disable()  # a short-lived copy: collecting would touch (and copy) the parent's pages
@@ -437,13 +454,21 @@ def spawn():
             keep = sorted({null, request_r, result_w})
             for low, high in zip([3] + [fd + 1 for fd in keep], keep + [nofile]):
                 os.closerange(low, high)
-            if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS) != 0:
+            if libc.unshare(NAMESPACES) != 0:
                 os._exit(71)
             inner = os.fork()
             if inner == 0:
+                os.setsid()  # its own session, so its own scheduling autogroup
                 libc.mount(None, b"/", None, 16384 | (1 << 18), None)  # MS_REC | MS_PRIVATE
                 if libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:  # its own /proc
                     os._exit(72)
+                # Then no capability at all, even in its own namespaces: it cannot unmount its /proc to look
+                # at the worker's, mount anything, or make a user namespace (its uid is not mapped).
+                for cap in range(cap_last + 1):
+                    libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+                if libc.syscall(setup["capset"], (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()):
+                    os._exit(73)
+                os.write(result_w, b"R")
                 request = read_all(request_r)
                 if not request:
                     os._exit(0)  # never used
@@ -464,6 +489,19 @@ def spawn():
     os.close(request_r)
     os.close(result_w)
     return pid, request_w, result_r
+
+def ready(spare):
+    """Whether the spare's call process said it is ready (within 10 s)."""
+    if spare is None:
+        return False
+    read_end = spare[2]
+    return bool(select.select([read_end], [], [], 10.0)[0]) and os.read(read_end, 1) == b"R"
+
+def discard(spare):
+    if spare is not None:
+        os.close(spare[1])
+        os.close(spare[2])
+        end(spare[0], 0.0)
 
 def children_of(parent):
     found = []
@@ -502,17 +540,39 @@ def end(pid, grace):
         time.sleep(0.001)
     return status
 
-def check(reply):
-    if isinstance(reply, dict) and reply.get("status") == "ok" and "value" in reply:
-        return {"status": "ok", "value": reply["value"]}
-    if isinstance(reply, dict) and reply.get("status") == "error" and isinstance(reply.get("error"), str):
-        return {"status": "error", "error": reply["error"][:2000]}
-    return {"status": "crashed", "error": "the call sent a malformed reply"}
+def depth(value, limit=64):
+    """How deeply ``value`` nests, counted up to ``limit`` (a reply nested deeper could overflow the host's
+    parser's stack)."""
+    level, layer = 0, [value]
+    while layer and level <= limit:
+        layer = [v for item in layer if isinstance(item, (list, dict))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        level += 1
+    return level
+
+def check(data):
+    """The call's reply, re-made here: only an ok with a value, or an error with a message."""
+    try:
+        reply = json.loads(data)
+        if isinstance(reply, dict) and reply.get("status") == "ok" and "value" in reply:
+            if depth(reply["value"]) <= 64:
+                return {"status": "ok", "value": reply["value"]}
+        elif isinstance(reply, dict) and reply.get("status") == "error" and isinstance(reply.get("error"), str):
+            return {"status": "error", "error": reply["error"][:2000]}
+    except Exception:  # undecodable, or too deep for the decoder
+        pass
+    return None
 
 me = os.getpid()
 
 def run(request, spare):
     """Answer ``request`` with the spare call process; returns the reply and the next spare."""
+    if not ready(spare):  # it failed while the previous call ran (which may have used up the limits): again
+        discard(spare)
+        spare = spawn()
+        if not ready(spare):
+            discard(spare)
+            return {"status": "crashed", "error": "could not start the call's process"}, spawn()
     pid, request_w, read_end = spare
     view = memoryview(json.dumps(request).encode())
     try:
@@ -540,14 +600,16 @@ def run(request, spare):
     exited = end(pid, 0.5 if status is None else 0.0)  # a complete reply: S ends right after its call
     if status is not None:
         return {"status": status}, spare
-    try:
-        return check(json.loads(b"".join(chunks))), spare
-    except ValueError:
-        code = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else 128 + os.WTERMSIG(exited)
-        if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
-            return {"status": "cpu_limit", "error": f"used more than {setup['cpu']} s of CPU time"}, spare
-        how = f"killed by signal {code - 128}" if code > 128 else f"exit status {code}"
-        return {"status": "crashed", "error": how}, spare
+    reply = check(b"".join(chunks))
+    if reply is not None:
+        return reply, spare
+    if chunks:
+        return {"status": "crashed", "error": "the call sent a malformed reply"}, spare
+    code = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else 128 + os.WTERMSIG(exited)
+    if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
+        return {"status": "cpu_limit", "error": f"used more than {setup['cpu']} s of CPU time"}, spare
+    how = f"killed by signal {code - 128}" if code > 128 else f"exit status {code}"
+    return {"status": "crashed", "error": how}, spare
 
 spare = spawn()
 send({"ready": True})
@@ -604,7 +666,8 @@ class SandboxWorker:
     def __init__(self, modules, entry: str, libraries=(), limits: SandboxLimits = SandboxLimits(),
                  warmup=(), start_timeout: float = 120.0, max_reply_bytes: int = 1 << 20) -> None:
         self.setup = {"modules": [list(m) for m in modules], "entry": entry, "warmup": list(warmup),
-                      "cpu": int(limits.cpu_seconds), "max_reply_bytes": int(max_reply_bytes)}
+                      "cpu": int(limits.cpu_seconds), "max_reply_bytes": int(max_reply_bytes),
+                      "capset": _CAPSET[os.uname().machine]}
         self.libraries = list(libraries)
         self.limits = limits
         self.start_timeout = start_timeout

@@ -36,7 +36,9 @@ DATA_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime",
                 "numina_cn_k12", "numina_olympiads")
 # The grader imports these inside the sandbox (shown read-only there); sympy needs mpmath.
 LIBRARIES = ("sympy", "mpmath", "pylatexenc")
-LIMITS = SandboxLimits(cpu_seconds=30, wall_seconds=30.0, memory_mb=2048, max_processes=64)
+# A worker holds ~6 processes (the sandbox's init, the worker, two call processes each with a parent) of
+# ~55 MB; a grading needs no more.
+LIMITS = SandboxLimits(cpu_seconds=30, wall_seconds=30.0, memory_mb=1024, max_processes=16)
 _WARMUP = ({"answer": "\\frac{3}{4}", "ground_truth": "0.75"}, {"answer": "(x+1)^2", "ground_truth": "x^2 + 2x + 1"},
            {"answer": "2\\pi", "ground_truth": "6.28"})
 
