@@ -783,8 +783,11 @@ class SandboxWorker:
                 self._stop()
                 return CallResult("timeout" if seconds >= timeout else "crashed",
                                   error="the worker stopped answering", seconds=seconds)
-            reply = json.loads(line)  # written by the worker itself, which checked what the call sent
-            if reply.get("id") != self._calls:
+            try:
+                reply = json.loads(line)  # written by the worker itself, which checked what the call sent
+            except Exception:
+                reply = {}
+            if not isinstance(reply, dict) or reply.get("id") != self._calls:
                 self._stop()
                 return CallResult("crashed", error="the worker answered out of turn", seconds=seconds)
             return CallResult(reply["status"], reply.get("value"), reply.get("error", ""), seconds)
