@@ -188,7 +188,7 @@ def handle(arg):
         return {"seen": seen, "parent": os.getppid(), "touched": sorted(set(touched))}
     if kind == "raw":  # write a reply by hand into its own pipe: too deeply nested for a parser
         import stat
-        for fd in map(int, os.listdir("/proc/self/fd")):
+        for fd in range(64):
             try:
                 if stat.S_ISFIFO(os.fstat(fd).st_mode) and os.get_blocking(fd) is not None:
                     os.write(fd, b'{"status": "ok", "value": ' + b"[" * 990 + b"]" * 990 + b"}")
@@ -200,22 +200,21 @@ def handle(arg):
         for _ in range(200):
             value = [value]
         return value
-    if kind == "ipc":  # a System V shared memory segment left behind, and the ones it can see
-        import ctypes
+    if kind == "reach":  # what reaches beyond the call: refused system calls, /proc, its keyring
+        import ctypes, socket
         libc = ctypes.CDLL(None, use_errno=True)
-        seen = len(open("/proc/sysvipc/shm").read().splitlines()) - 1
-        made = libc.shmget(0, 1 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
-        return {"seen": seen, "made": made >= 0}
-    if kind == "escape":  # unmount its /proc, lower its session's priority
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        unmounted = libc.umount2(b"/proc", 2) == 0
-        nice = open("/proc/self/autogroup").read()
-        try:
-            open("/proc/self/autogroup", "w").write("19")
-        except OSError:
-            pass
-        return {"unmounted": unmounted, "autogroup": nice}
+        refused = {}
+        for name, attempt in (("shmget", lambda: libc.shmget(0, 1 << 20, 0o1600)), ("setsid", os.setsid),
+                              ("socket", lambda: socket.socket(socket.AF_UNIX)),
+                              ("keyctl", lambda: libc.syscall(250 if os.uname().machine == "x86_64" else 219,
+                                                              0, -3, 0)),  # KEYCTL_GET_KEYRING_ID session
+                              ("umount /proc", lambda: libc.umount2(b"/proc", 2))):
+            try:
+                result = attempt()
+                refused[name] = result == -1 and ctypes.get_errno() == 1
+            except PermissionError:
+                refused[name] = True
+        return {"refused": refused, "proc": os.listdir("/proc")}
     if kind == "threads":  # use up the process limit while the next call's process is being made
         import threading
         while True:
@@ -288,7 +287,7 @@ def test_nothing_a_call_starts_outlives_it(worker):
 
 def test_a_call_sees_and_touches_no_other_process_and_writes_nowhere(worker):
     look = worker.call({"kind": "look"})
-    assert look.ok and look.value == {"seen": [1], "parent": 0, "touched": []}
+    assert look.ok and look.value == {"seen": [], "parent": 0, "touched": []}  # no /proc, no one by pid
     assert all(p.nice() == 0 for p in _worker_processes(worker))  # the PRIO_USER renice reached nobody else
     written = worker.call({"kind": "write"}).value
     assert set(written.values()) <= {"OSError", "PermissionError"}, written
@@ -301,20 +300,26 @@ def test_a_reply_too_deep_or_forged_is_refused_without_harm(worker):
     assert worker.call({"kind": "echo"}).ok
 
 
-def test_calls_share_no_system_v_memory_no_proc_and_no_scheduling(worker):
-    first = worker.call({"kind": "ipc"}).value
-    assert first["made"] and worker.call({"kind": "ipc"}).value["seen"] == 0  # its own, and gone with it
-    escape = worker.call({"kind": "escape"})
-    assert escape.ok and escape.value["unmounted"] is False
-    again = worker.call({"kind": "escape"}).value
-    # each call has a session (scheduling group) of its own: the first one's nice 19 stayed with it
-    assert again["autogroup"] != escape.value["autogroup"] and again["autogroup"].endswith(" nice 0\n")
+def test_calls_get_no_system_v_ipc_sessions_sockets_keys_or_proc(worker):
+    reach = worker.call({"kind": "reach"})
+    assert reach.ok and reach.value == {"refused": dict.fromkeys(["shmget", "setsid", "socket", "keyctl",
+                                                                  "umount /proc"], True), "proc": []}
     assert {p.nice() for p in _worker_processes(worker)} == {0}
 
 
 def test_a_call_using_up_the_process_limit_does_not_spoil_the_next(worker):
     for _ in range(3):
         assert worker.call({"kind": "threads"}).value == "exhausted"
+        assert worker.call({"kind": "echo"}).ok
+
+
+def test_a_waiting_call_process_killed_from_outside_is_replaced(worker):
+    assert worker.call({"kind": "echo"}).ok
+    for _ in range(2):  # the waiting call process: the one leaf of the worker's tree (say, the OOM killer's pick)
+        leaves = [p for p in _worker_processes(worker) if not p.children()]
+        assert len(leaves) == 1
+        leaves[0].kill()
+        leaves[0].wait(10)
         assert worker.call({"kind": "echo"}).ok
 
 
@@ -356,3 +361,22 @@ def test_a_forked_child_starts_its_own_worker_and_leaves_the_parents_alone(worke
             os._exit(code)
     assert os.waitpid(pid, 0)[1] == 0
     assert worker._proc.pid == parents and worker.call({"kind": "echo"}).ok
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="keyctl system call numbers of x86_64")
+def test_sandboxed_code_does_not_see_the_trainers_session_keyring():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    # add_key("user", "verl-test-secret", "hunter2", KEY_SPEC_SESSION_KEYRING): the trainer's own keyring
+    key = libc.syscall(248, b"user", b"verl-test-secret", b"hunter2", 7, -3)
+    if key < 0:
+        pytest.skip(f"no session keyring to test with (errno {ctypes.get_errno()})")
+    try:
+        code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                "found = libc.syscall(250, 10, -3, b'user', b'verl-test-secret', 0)\n"  # KEYCTL_SEARCH
+                "print(found, ctypes.get_errno())")
+        result = run_python(code, limits=FAST)
+        assert result.ok and result.stdout.split() == ["-1", "126"], result.stdout  # ENOKEY
+    finally:
+        libc.syscall(250, 3, key)  # KEYCTL_REVOKE

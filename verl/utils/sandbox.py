@@ -147,6 +147,7 @@ os.chdir("/sandbox")
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 with open("/proc/self/oom_score_adj", "w") as f:  # out of memory, the kernel kills sandboxed code first
     f.write("1000")
+libc.syscall(cfg["keyctl"], 1, None)  # KEYCTL_JOIN_SESSION_KEYRING: a new, empty one, not the trainer's
 pid = os.fork()
 if pid == 0:
     os.setsid()
@@ -182,9 +183,22 @@ os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS
 '''
 
 
-# pivot_root and capset have no libc wrapper: their system call numbers per architecture.
+# pivot_root and keyctl have no libc wrapper: their system call numbers per architecture.
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
-_CAPSET = {"x86_64": 126, "aarch64": 91, "arm64": 91, "ppc64le": 184, "s390x": 185, "riscv64": 91}
+_KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "ppc64le": 271, "s390x": 280, "riscv64": 219}
+
+# A worker's calls: their seccomp architecture, capset's number, and the system calls refused to them (EPERM),
+# which would otherwise let a call reach beyond itself: a session or process group of its own (scheduling
+# autogroups), keys, System V IPC (memory outside its limits), sockets (a socket sent to itself outlives it),
+# tracing, io_uring, namespaces. Only these architectures can run worker calls.
+_SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7, "arm64": 0xC00000B7}
+_CAPSET = {"x86_64": 126, "aarch64": 91, "arm64": 91}
+_DENIED = {  # setsid setpgid keyctl add_key request_key shmget msgget semget socket socketpair ptrace io_uring_setup
+    #          unshare setns
+    "x86_64": [112, 109, 250, 248, 249, 29, 68, 64, 41, 53, 101, 425, 272, 308],
+    "aarch64": [157, 154, 219, 217, 218, 194, 186, 190, 198, 199, 117, 425, 97, 268],
+}
+_DENIED["arm64"] = _DENIED["aarch64"]
 
 
 def _interpreter() -> str:
@@ -271,7 +285,7 @@ def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seco
     os.makedirs(os.path.join(work, "root"), mode=0o755)
     os.chmod(os.path.join(work, "root"), 0o777)
     config = {"root": os.path.join(work, "root"), "code": code_file, "python": python,
-              "pivot_root": _PIVOT_ROOT[os.uname().machine],
+              "pivot_root": _PIVOT_ROOT[os.uname().machine], "keyctl": _KEYCTL[os.uname().machine],
               "ro": _readonly_paths(python) + _library_paths(libraries),
               "cpu": int(limits.cpu_seconds if cpu_seconds is None else cpu_seconds),
               "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
@@ -418,6 +432,26 @@ null = os.open("/dev/null", os.O_RDWR)
 nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 with open("/proc/sys/kernel/cap_last_cap") as f:
     cap_last = int(f.read())
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+def seccomp_filter(arch, denied):
+    """A classic-BPF seccomp program: other architectures (x32 too) killed, ``denied`` -> EPERM, rest allowed."""
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, KILL, EPERM = 0x7FFF0000, 0x80000000, 0x00050001
+    n = len(denied)
+    code = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0),
+            (JGE, n + 1, 0, 0x40000000)]  # x32 system calls on x86_64
+    code += [(JEQ, n - i, 0, number) for i, number in enumerate(denied)]
+    code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
+    return (SockFilter * len(code))(*[SockFilter(*c) for c in code])
+
+seccomp_code = seccomp_filter(setup["seccomp_arch"], setup["denied"])
+seccomp_program = SockFprog(len(seccomp_code), ctypes.cast(seccomp_code, ctypes.POINTER(SockFilter)))
 gc.collect()
 gc.freeze()  # what is loaded now is never scanned again: a fork's garbage collector leaves those pages shared
 
@@ -459,19 +493,26 @@ def spawn():
             inner = os.fork()
             if inner == 0:
                 os.setsid()  # its own session, so its own scheduling autogroup
+                libc.syscall(setup["keyctl"], 1, None)  # and its own empty session keyring
                 libc.mount(None, b"/", None, 16384 | (1 << 18), None)  # MS_REC | MS_PRIVATE
-                if libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:  # its own /proc
+                # No /proc at all (an empty read-only folder over it): nothing of the worker to look at, and no
+                # oom_score_adj to lower.
+                if libc.mount(b"none", b"/proc", b"tmpfs", 1 | 2 | 4 | 8, b"size=4k") != 0:
                     os._exit(72)
-                # Then no capability at all, even in its own namespaces: it cannot unmount its /proc to look
-                # at the worker's, mount anything, or make a user namespace (its uid is not mapped).
+                # Then no capability at all, even in its own namespaces (it cannot unmount that, mount anything,
+                # or make a user namespace: its uid is not mapped), and the system calls in _DENIED refused.
                 for cap in range(cap_last + 1):
                     libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
                 if libc.syscall(setup["capset"], (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()):
                     os._exit(73)
+                if libc.prctl(22, 2, ctypes.byref(seccomp_program), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+                    os._exit(74)
                 os.write(result_w, b"R")
                 request = read_all(request_r)
                 if not request:
                     os._exit(0)  # never used
+                os.write(result_w, b"A")  # accepted: from here on, what happens is this call's doing
+                signal.signal(signal.SIGXCPU, lambda *_: os._exit(75))  # pid 1 ignores it unless handled
                 resource.setrlimit(resource.RLIMIT_CPU, (setup["cpu"], setup["cpu"] + 1))
                 try:
                     data = json.dumps({"status": "ok", "value": function(json.loads(request)["arg"])}).encode()
@@ -567,21 +608,28 @@ me = os.getpid()
 
 def run(request, spare):
     """Answer ``request`` with the spare call process; returns the reply and the next spare."""
-    if not ready(spare):  # it failed while the previous call ran (which may have used up the limits): again
-        discard(spare)
-        spare = spawn()
-        if not ready(spare):
+    for _ in range(2):  # a second time when the call process died before taking the request
+        if not ready(spare):  # it failed while the previous call ran (which may have used up the limits)
             discard(spare)
-            return {"status": "crashed", "error": "could not start the call's process"}, spawn()
-    pid, request_w, read_end = spare
-    view = memoryview(json.dumps(request).encode())
-    try:
-        while view:
-            view = view[os.write(request_w, view):]
-    except OSError:
-        pass  # it died: no reply, reported as crashed
-    os.close(request_w)
-    spare = spawn()
+            spare = spawn()
+            if not ready(spare):
+                discard(spare)
+                return {"status": "crashed", "error": "could not start the call's process"}, spawn()
+        pid, request_w, read_end = spare
+        view = memoryview(json.dumps(request).encode())
+        try:
+            while view:
+                view = view[os.write(request_w, view):]
+        except OSError:
+            pass
+        os.close(request_w)
+        spare = spawn()
+        if select.select([read_end], [], [], 10.0)[0] and os.read(read_end, 1) == b"A":
+            break
+        os.close(read_end)
+        end(pid, 0.0)
+    else:
+        return {"status": "crashed", "error": "the call's process died before taking its request"}, spare
     deadline = time.monotonic() + request["timeout"]
     chunks, size, status = [], 0, None
     while status is None:
@@ -606,9 +654,10 @@ def run(request, spare):
     if chunks:
         return {"status": "crashed", "error": "the call sent a malformed reply"}, spare
     code = os.WEXITSTATUS(exited) if os.WIFEXITED(exited) else 128 + os.WTERMSIG(exited)
-    if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
+    if code == 75:  # its SIGXCPU handler
         return {"status": "cpu_limit", "error": f"used more than {setup['cpu']} s of CPU time"}, spare
-    how = f"killed by signal {code - 128}" if code > 128 else f"exit status {code}"
+    how = {128 + signal.SIGKILL: "killed (its CPU limit, or out of memory)"}.get(
+        code, f"killed by signal {code - 128}" if code > 128 else f"exit status {code}")
     return {"status": "crashed", "error": how}, spare
 
 spare = spawn()
@@ -667,7 +716,9 @@ class SandboxWorker:
                  warmup=(), start_timeout: float = 120.0, max_reply_bytes: int = 1 << 20) -> None:
         self.setup = {"modules": [list(m) for m in modules], "entry": entry, "warmup": list(warmup),
                       "cpu": int(limits.cpu_seconds), "max_reply_bytes": int(max_reply_bytes),
-                      "capset": _CAPSET[os.uname().machine]}
+                      "capset": _CAPSET.get(os.uname().machine), "keyctl": _KEYCTL[os.uname().machine],
+                      "seccomp_arch": _SECCOMP_ARCH.get(os.uname().machine),
+                      "denied": _DENIED.get(os.uname().machine, [])}
         self.libraries = list(libraries)
         self.limits = limits
         self.start_timeout = start_timeout
@@ -692,6 +743,8 @@ class SandboxWorker:
     # -- process management
     def _start(self) -> None:
         _require_isolation()
+        if self.setup["seccomp_arch"] is None:
+            raise SandboxUnavailable(f"sandbox workers run on x86_64 and aarch64 only, not {os.uname().machine}")
         libraries = _library_paths(self.libraries)
         work = tempfile.mkdtemp(prefix="verl-sandbox-worker-")
         try:
