@@ -77,12 +77,78 @@ class SandboxResult:
         return self.status == "ok"
 
 
+# Seccomp: the architectures sandboxes run on, and the system calls refused (EPERM) to everything sandboxed
+# -- keys (the trainer's keyring; the key quota), memory outside its limits (memfd, System V), the machine's
+# AIO contexts, watching or locking the shown host files (inotify, fanotify, flock, fcntl locks) -- and, on
+# top, to a worker's calls: a session or process group of their own (scheduling autogroups), sockets (one
+# sent to itself outlives the call), tracing, namespaces.
+_SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SYSCALLS = {  # name: (x86_64, aarch64); None where the architecture has no such call
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218), "memfd_create": (319, 279),
+    "memfd_secret": (447, 447), "io_setup": (206, 0), "io_uring_setup": (425, 425), "shmget": (29, 194),
+    "msgget": (68, 186), "semget": (64, 190), "inotify_init": (253, None), "inotify_init1": (294, 26),
+    "fanotify_init": (300, 262), "flock": (73, 32), "fcntl": (72, 25), "capset": (126, 91),
+    "setsid": (112, 157), "setpgid": (109, 154), "socket": (41, 198), "socketpair": (53, 199),
+    "ptrace": (101, 117), "unshare": (272, 97), "setns": (308, 268)}
+_DENIED_ALL = ("keyctl", "add_key", "request_key", "memfd_create", "memfd_secret", "io_setup", "io_uring_setup",
+               "shmget", "msgget", "semget", "inotify_init", "inotify_init1", "fanotify_init", "flock")
+_DENIED_CALLS = ("setsid", "setpgid", "socket", "socketpair", "ptrace", "unshare", "setns")
+_FCNTL_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW
+
+
+def _machine() -> str:
+    machine = os.uname().machine
+    return "aarch64" if machine == "arm64" else machine
+
+
+def _syscall(name: str) -> int | None:
+    return _SYSCALLS[name][("x86_64", "aarch64").index(_machine())]
+
+
+def _seccomp(names) -> dict:
+    """What a sandboxed process needs to build its seccomp filter (see ``_SECCOMP_CODE``)."""
+    return {"arch": _SECCOMP_ARCH[_machine()], "fcntl": _syscall("fcntl"), "locks": list(_FCNTL_LOCKS),
+            "denied": [n for n in (_syscall(name) for name in names) if n is not None]}
+
+
+# Builds and installs a classic-BPF seccomp filter in a sandboxed process: another architecture (x32 too) is
+# killed, the ``denied`` calls and fcntl's lock commands get EPERM, the rest is allowed.
+_SECCOMP_CODE = r"""
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+def seccomp_program(spec):
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
+    ALLOW, KILL, EPERM = 0x7FFF0000, 0x80000000, 0x00050001
+    denied, locks = spec["denied"], spec["locks"]
+    code = [(LD, 0, 0, 4), (JEQ, 1, 0, spec["arch"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
+    deny_at = 4 + 1 + len(denied) + 3 + len(locks) + 1  # the final RET EPERM
+    code.append((JGE, deny_at - 5, 0, 0x40000000))  # x32 system calls on x86_64
+    code += [(JEQ, deny_at - (5 + i) - 1, 0, number) for i, number in enumerate(denied)]
+    code += [(JEQ, 1, 0, spec["fcntl"]), (RET, 0, 0, ALLOW), (LD, 0, 0, 24)]  # fcntl: its second argument
+    start = len(code)
+    code += [(JEQ, deny_at - (start + i) - 1, 0, cmd) for i, cmd in enumerate(locks)]
+    code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
+    assert len(code) == deny_at + 1
+    filters = (SockFilter * len(code))(*[SockFilter(*c) for c in code])
+    return SockFprog(len(code), ctypes.cast(filters, ctypes.POINTER(SockFilter))), filters
+
+def install_seccomp(program):
+    if libc.prctl(22, 2, ctypes.byref(program[0]), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+"""
+
+
 # Runs inside the namespaces as their root (pid 1): builds the new root, chroots, sets the limits and
 # runs the code as its child, then exits with the child's status (128 + signal when it was killed).
 _RUNNER = r'''
 import ctypes, json, os, resource, shutil, signal, sys
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
+''' + _SECCOMP_CODE + r'''
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 def mount(source, target, fstype, flags, data=None):
@@ -147,7 +213,8 @@ os.chdir("/sandbox")
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 with open("/proc/self/oom_score_adj", "w") as f:  # out of memory, the kernel kills sandboxed code first
     f.write("1000")
-libc.syscall(cfg["keyctl"], 1, None)  # KEYCTL_JOIN_SESSION_KEYRING: a new, empty one, not the trainer's
+# A new, empty session keyring rather than the trainer's (best effort: keyctl is refused to the code anyway).
+libc.syscall(cfg["keyctl"], 1, None)  # KEYCTL_JOIN_SESSION_KEYRING
 pid = os.fork()
 if pid == 0:
     os.setsid()
@@ -161,6 +228,7 @@ if pid == 0:
             raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    install_seccomp(seccomp_program(cfg["seccomp"]))
     for limit, value in ((resource.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"] + 1)),
                          (resource.RLIMIT_AS, (cfg["memory"],) * 2), (resource.RLIMIT_NPROC, (cfg["nproc"],) * 2),
                          (resource.RLIMIT_FSIZE, (cfg["fsize"],) * 2), (resource.RLIMIT_NOFILE, (cfg["nofile"],) * 2),
@@ -183,22 +251,10 @@ os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS
 '''
 
 
-# pivot_root and keyctl have no libc wrapper: their system call numbers per architecture.
-_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
-_KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "ppc64le": 271, "s390x": 280, "riscv64": 219}
+# pivot_root has no libc wrapper: its system call number per architecture.
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
-# A worker's calls: their seccomp architecture, capset's number, and the system calls refused to them (EPERM),
-# which would otherwise let a call reach beyond itself: a session or process group of its own (scheduling
-# autogroups), keys, System V IPC (memory outside its limits), sockets (a socket sent to itself outlives it),
-# tracing, io_uring, namespaces. Only these architectures can run worker calls.
-_SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7, "arm64": 0xC00000B7}
-_CAPSET = {"x86_64": 126, "aarch64": 91, "arm64": 91}
-_DENIED = {  # setsid setpgid keyctl add_key request_key shmget msgget semget socket socketpair ptrace io_uring_setup
-    #          unshare setns
-    "x86_64": [112, 109, 250, 248, 249, 29, 68, 64, 41, 53, 101, 425, 272, 308],
-    "aarch64": [157, 154, 219, 217, 218, 194, 186, 190, 198, 199, 117, 425, 97, 268],
-}
-_DENIED["arm64"] = _DENIED["aarch64"]
+
 
 
 def _interpreter() -> str:
@@ -231,6 +287,8 @@ def _readonly_paths(python: str) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def isolation() -> str:
     """``"namespaces"`` when code can be sandboxed here, else a sentence saying what is missing."""
+    if _machine() not in _SECCOMP_ARCH:
+        return f"the sandbox runs on x86_64 and aarch64, not {os.uname().machine}"
     unshare = shutil.which("unshare")
     if unshare is None:
         return "no `unshare` binary (util-linux) on this machine"
@@ -285,7 +343,7 @@ def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seco
     os.makedirs(os.path.join(work, "root"), mode=0o755)
     os.chmod(os.path.join(work, "root"), 0o777)
     config = {"root": os.path.join(work, "root"), "code": code_file, "python": python,
-              "pivot_root": _PIVOT_ROOT[os.uname().machine], "keyctl": _KEYCTL[os.uname().machine],
+              "pivot_root": _PIVOT_ROOT[_machine()], "keyctl": _syscall("keyctl"), "seccomp": _seccomp(_DENIED_ALL),
               "ro": _readonly_paths(python) + _library_paths(libraries),
               "cpu": int(limits.cpu_seconds if cpu_seconds is None else cpu_seconds),
               "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
@@ -402,6 +460,7 @@ sys.path[:] = [p for p in sys.path if p.startswith("/usr")]
 os.chdir("/")
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+''' + _SECCOMP_CODE + r'''
 stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
 
 def send(obj):
@@ -433,25 +492,7 @@ nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 with open("/proc/sys/kernel/cap_last_cap") as f:
     cap_last = int(f.read())
 
-class SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-class SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
-
-def seccomp_filter(arch, denied):
-    """A classic-BPF seccomp program: other architectures (x32 too) killed, ``denied`` -> EPERM, rest allowed."""
-    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
-    ALLOW, KILL, EPERM = 0x7FFF0000, 0x80000000, 0x00050001
-    n = len(denied)
-    code = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0),
-            (JGE, n + 1, 0, 0x40000000)]  # x32 system calls on x86_64
-    code += [(JEQ, n - i, 0, number) for i, number in enumerate(denied)]
-    code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
-    return (SockFilter * len(code))(*[SockFilter(*c) for c in code])
-
-seccomp_code = seccomp_filter(setup["seccomp_arch"], setup["denied"])
-seccomp_program = SockFprog(len(seccomp_code), ctypes.cast(seccomp_code, ctypes.POINTER(SockFilter)))
+seccomp_call = seccomp_program(setup["seccomp"])
 gc.collect()
 gc.freeze()  # what is loaded now is never scanned again: a fork's garbage collector leaves those pages shared
 
@@ -493,7 +534,6 @@ def spawn():
             inner = os.fork()
             if inner == 0:
                 os.setsid()  # its own session, so its own scheduling autogroup
-                libc.syscall(setup["keyctl"], 1, None)  # and its own empty session keyring
                 libc.mount(None, b"/", None, 16384 | (1 << 18), None)  # MS_REC | MS_PRIVATE
                 # No /proc at all (an empty read-only folder over it): nothing of the worker to look at, and no
                 # oom_score_adj to lower.
@@ -505,7 +545,9 @@ def spawn():
                     libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
                 if libc.syscall(setup["capset"], (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()):
                     os._exit(73)
-                if libc.prctl(22, 2, ctypes.byref(seccomp_program), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+                try:
+                    install_seccomp(seccomp_call)  # on top of the sandbox's own filter
+                except OSError:
                     os._exit(74)
                 os.write(result_w, b"R")
                 request = read_all(request_r)
@@ -716,9 +758,7 @@ class SandboxWorker:
                  warmup=(), start_timeout: float = 120.0, max_reply_bytes: int = 1 << 20) -> None:
         self.setup = {"modules": [list(m) for m in modules], "entry": entry, "warmup": list(warmup),
                       "cpu": int(limits.cpu_seconds), "max_reply_bytes": int(max_reply_bytes),
-                      "capset": _CAPSET.get(os.uname().machine), "keyctl": _KEYCTL[os.uname().machine],
-                      "seccomp_arch": _SECCOMP_ARCH.get(os.uname().machine),
-                      "denied": _DENIED.get(os.uname().machine, [])}
+                      "capset": _syscall("capset"), "seccomp": _seccomp(_DENIED_CALLS)}
         self.libraries = list(libraries)
         self.limits = limits
         self.start_timeout = start_timeout
@@ -743,8 +783,6 @@ class SandboxWorker:
     # -- process management
     def _start(self) -> None:
         _require_isolation()
-        if self.setup["seccomp_arch"] is None:
-            raise SandboxUnavailable(f"sandbox workers run on x86_64 and aarch64 only, not {os.uname().machine}")
         libraries = _library_paths(self.libraries)
         work = tempfile.mkdtemp(prefix="verl-sandbox-worker-")
         try:
