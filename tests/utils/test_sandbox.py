@@ -395,11 +395,17 @@ attempts = {
     "flock": lambda: fcntl.flock(open("/etc/passwd"), fcntl.LOCK_SH),
     "fcntl lock": lambda: fcntl.lockf(open("/etc/passwd"), fcntl.LOCK_SH),
     "inotify": lambda: libc.inotify_init1(0),
+    "dnotify": lambda: fcntl.fcntl(os.open("/etc", os.O_RDONLY), 1026, 0x1),  # F_NOTIFY, DN_ACCESS
+    "lease": lambda: fcntl.fcntl(open("/etc/passwd"), 1024, fcntl.F_RDLCK),  # F_SETLEASE
+    "pipe size": lambda: fcntl.fcntl(os.pipe()[0], 1031, 1 << 20),  # F_SETPIPE_SZ
+    "mq_open": lambda: libc.mq_open(b"/hoard", os.O_CREAT | os.O_RDWR, 0o600, None),
+    "setsid": os.setsid,
+    "user namespace": lambda: libc.unshare(0x10000000),
 }
 for name, attempt in attempts.items():
     try:
         result = attempt()
-        refused = result == -1 and ctypes.get_errno() == 1
+        refused = result == -1 and ctypes.get_errno() in (1, 28)  # EPERM, or ENOSPC: no user namespace left
     except PermissionError:
         refused = True
     except OSError as e:
@@ -408,5 +414,6 @@ for name, attempt in attempts.items():
 """
     result = run_python(code, limits=FAST)
     assert result.ok, result.stderr
-    assert result.stdout.split() == [w for name in ("memfd", "io_setup", "shmget", "flock", "fcntl lock", "inotify")
-                                     for w in (*name.split(), "True")], result.stdout
+    names = ("memfd", "io_setup", "shmget", "flock", "fcntl lock", "inotify", "dnotify", "lease", "pipe size",
+             "mq_open", "setsid", "user namespace")
+    assert result.stdout.split() == [w for name in names for w in (*name.split(), "True")], result.stdout

@@ -78,10 +78,10 @@ class SandboxResult:
 
 
 # Seccomp: the architectures sandboxes run on, and the system calls refused (EPERM) to everything sandboxed
-# -- keys (the trainer's keyring; the key quota), memory outside its limits (memfd, System V), the machine's
-# AIO contexts, watching or locking the shown host files (inotify, fanotify, flock, fcntl locks) -- and, on
-# top, to a worker's calls: a session or process group of their own (scheduling autogroups), sockets (one
-# sent to itself outlives the call), tracing, namespaces.
+# -- keys (the trainer's keyring; the key quota), memory outside its limits (memfd, System V and POSIX
+# queues), the machine's AIO contexts, watching or locking the shown host files (inotify, fanotify, flock,
+# fcntl locks, leases, dnotify), sessions and process groups (each would be a scheduling autogroup of its own)
+# -- and, on top, to a worker's calls: sockets (one sent to itself outlives the call), tracing, namespaces.
 _SECCOMP_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SYSCALLS = {  # name: (x86_64, aarch64); None where the architecture has no such call
     "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218), "memfd_create": (319, 279),
@@ -89,11 +89,14 @@ _SYSCALLS = {  # name: (x86_64, aarch64); None where the architecture has no suc
     "msgget": (68, 186), "semget": (64, 190), "inotify_init": (253, None), "inotify_init1": (294, 26),
     "fanotify_init": (300, 262), "flock": (73, 32), "fcntl": (72, 25), "capset": (126, 91),
     "setsid": (112, 157), "setpgid": (109, 154), "socket": (41, 198), "socketpair": (53, 199),
-    "ptrace": (101, 117), "unshare": (272, 97), "setns": (308, 268)}
+    "ptrace": (101, 117), "unshare": (272, 97), "setns": (308, 268), "mq_open": (240, 180)}
 _DENIED_ALL = ("keyctl", "add_key", "request_key", "memfd_create", "memfd_secret", "io_setup", "io_uring_setup",
-               "shmget", "msgget", "semget", "inotify_init", "inotify_init1", "fanotify_init", "flock")
-_DENIED_CALLS = ("setsid", "setpgid", "socket", "socketpair", "ptrace", "unshare", "setns")
-_FCNTL_LOCKS = (6, 7, 37, 38)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW
+               "shmget", "msgget", "semget", "mq_open", "inotify_init", "inotify_init1", "fanotify_init", "flock",
+               "setsid", "setpgid")
+_DENIED_CALLS = ("socket", "socketpair", "ptrace", "unshare", "setns")
+# fcntl commands refused: F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (locks), F_SETLEASE, F_NOTIFY (watching
+# or blocking shown host files), F_SETPIPE_SZ (pipe pages are counted per user, across sandboxes)
+_FCNTL_DENIED = (6, 7, 37, 38, 1024, 1026, 1031)
 
 
 def _machine() -> str:
@@ -107,12 +110,13 @@ def _syscall(name: str) -> int | None:
 
 def _seccomp(names) -> dict:
     """What a sandboxed process needs to build its seccomp filter (see ``_SECCOMP_CODE``)."""
-    return {"arch": _SECCOMP_ARCH[_machine()], "fcntl": _syscall("fcntl"), "locks": list(_FCNTL_LOCKS),
+    return {"arch": _SECCOMP_ARCH[_machine()], "fcntl": _syscall("fcntl"), "locks": list(_FCNTL_DENIED),
             "denied": [n for n in (_syscall(name) for name in names) if n is not None]}
 
 
-# Builds and installs a classic-BPF seccomp filter in a sandboxed process: another architecture (x32 too) is
-# killed, the ``denied`` calls and fcntl's lock commands get EPERM, the rest is allowed.
+# Builds and installs a classic-BPF seccomp filter in a sandboxed process: another architecture (i386 through
+# int 0x80 too) is killed; x32 system calls, the ``denied`` ones and the listed fcntl commands get EPERM; the
+# rest is allowed.
 _SECCOMP_CODE = r"""
 class SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -132,7 +136,7 @@ def seccomp_program(spec):
     start = len(code)
     code += [(JEQ, deny_at - (start + i) - 1, 0, cmd) for i, cmd in enumerate(locks)]
     code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
-    assert len(code) == deny_at + 1
+    assert len(code) == deny_at + 1 and all(jt < 256 for _, jt, _, _ in code)
     filters = (SockFilter * len(code))(*[SockFilter(*c) for c in code])
     return SockFprog(len(code), ctypes.cast(filters, ctypes.POINTER(SockFilter))), filters
 
@@ -210,6 +214,11 @@ os.rmdir("/.old")
 for path in ["/"] + (["/sandbox", "/tmp"] if cfg["readonly"] else []):
     mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 os.chdir("/sandbox")
+# Nested user namespaces (each a kernel object outside every limit, and capabilities inside): none for a
+# program; a worker makes one per call (its calls cannot make any: their uid is not mapped), and the kernel
+# frees them asynchronously, hence the room.
+with open("/proc/sys/user/max_user_namespaces", "w") as f:
+    f.write(str(cfg["userns"]))
 CAP_LAST = int(open("/proc/sys/kernel/cap_last_cap").read())
 with open("/proc/self/oom_score_adj", "w") as f:  # out of memory, the kernel kills sandboxed code first
     f.write("1000")
@@ -232,7 +241,8 @@ if pid == 0:
     for limit, value in ((resource.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"] + 1)),
                          (resource.RLIMIT_AS, (cfg["memory"],) * 2), (resource.RLIMIT_NPROC, (cfg["nproc"],) * 2),
                          (resource.RLIMIT_FSIZE, (cfg["fsize"],) * 2), (resource.RLIMIT_NOFILE, (cfg["nofile"],) * 2),
-                         (resource.RLIMIT_CORE, (0, 0))):
+                         (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_SIGPENDING, (64, 64)),
+                         (resource.RLIMIT_MSGQUEUE, (0, 0))):  # the last two are counted per user, not per sandbox
         resource.setrlimit(limit, value)
     env = {"PATH": "/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8"}
@@ -331,9 +341,9 @@ def _library_paths(libraries) -> list[str]:
 
 
 def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seconds: int | None = None,
-             readonly: bool = False) -> list[str]:
-    """Write ``code`` into the folder ``work`` and return the command that runs it in a sandbox (``readonly``:
-    with no writable folder at all)."""
+             worker: bool = False) -> list[str]:
+    """Write ``code`` into the folder ``work`` and return the command that runs it in a sandbox (``worker``: with
+    no writable folder at all, and room for the user namespaces of its calls)."""
     python = _interpreter()
     os.chmod(work, 0o755)
     code_file = os.path.join(work, "main.py")
@@ -348,7 +358,7 @@ def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seco
               "cpu": int(limits.cpu_seconds if cpu_seconds is None else cpu_seconds),
               "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
               "fsize": int(limits.max_file_mb) << 20, "nofile": int(limits.max_open_files),
-              "disk_mb": max(32, 2 * int(limits.max_file_mb)), "readonly": readonly}
+              "disk_mb": max(32, 2 * int(limits.max_file_mb)), "readonly": worker, "userns": 1024 if worker else 0}
     return [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork",
             "--mount", "--ipc", "--uts", "--kill-child", python, "-I", "-S", "-c", _RUNNER, json.dumps(config)]
 
@@ -446,10 +456,9 @@ def _classify(returncode: int, stderr: str, timed_out: bool, overflow: bool, lim
 # function, trusted warm-up arguments); then each line is one call, answered by one stdout line.
 #
 # Every call runs in a fork of the warmed-up process that first enters new user, PID, mount, IPC and UTS
-# namespaces: it is pid 1 of a PID namespace of its own, in its own session, with its own /proc and
-# no capability left, so it cannot see (signal, renice, prlimit, open /proc/N of) this process, the next
-# call's process or anything else, nor share System V memory or queues with them; when it ends, the kernel
-# kills everything it started. Its file descriptors are only its two pipes; the file system is read-only
+# namespaces: it is pid 1 of a PID namespace of its own, with no /proc and no capability left, so it cannot
+# see (signal, renice, prlimit, open /proc/N of) this process, the next call's process or anything else, nor
+# share System V memory or queues with them; when it ends, the kernel kills everything it started. Its file descriptors are only its two pipes; the file system is read-only
 # (a worker has no writable folder), so nothing can be planted for a later call; this process is not
 # dumpable. The next call's process is made while a call runs and says when it is ready (a failed one is
 # made again after the call). The reply is checked here (shape, nesting) and its id set here. So a call
@@ -533,7 +542,6 @@ def spawn():
                 os._exit(71)
             inner = os.fork()
             if inner == 0:
-                os.setsid()  # its own session, so its own scheduling autogroup
                 libc.mount(None, b"/", None, 16384 | (1 << 18), None)  # MS_REC | MS_PRIVATE
                 # No /proc at all (an empty read-only folder over it): nothing of the worker to look at, and no
                 # oom_score_adj to lower.
@@ -787,7 +795,7 @@ class SandboxWorker:
         work = tempfile.mkdtemp(prefix="verl-sandbox-worker-")
         try:
             # The worker's own CPU limit is generous (it only forks and waits); each call gets limits.cpu_seconds.
-            command = _prepare(work, _WORKER, self.limits, libraries, cpu_seconds=10 ** 6, readonly=True)
+            command = _prepare(work, _WORKER, self.limits, libraries, cpu_seconds=10 ** 6, worker=True)
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, close_fds=True, cwd="/", **_privileges())
             self._buffer, self._stderr = b"", []
