@@ -458,11 +458,12 @@ def _classify(returncode: int, stderr: str, timed_out: bool, overflow: bool, lim
 # Every call runs in a fork of the warmed-up process that first enters new user, PID, mount, IPC and UTS
 # namespaces: it is pid 1 of a PID namespace of its own, with no /proc and no capability left, so it cannot
 # see (signal, renice, prlimit, open /proc/N of) this process, the next call's process or anything else, nor
-# share System V memory or queues with them; when it ends, the kernel kills everything it started. Its file descriptors are only its two pipes; the file system is read-only
-# (a worker has no writable folder), so nothing can be planted for a later call; this process is not
-# dumpable. The next call's process is made while a call runs and says when it is ready (a failed one is
-# made again after the call). The reply is checked here (shape, nesting) and its id set here. So a call
-# decides its own reply, and nothing else.
+# share System V memory or queues with them; when it ends, the kernel kills everything it started. Its file
+# descriptors are only its two pipes; the file system is read-only (a worker has no writable folder), so
+# nothing can be planted for a later call; a seccomp filter (the sandbox's and the calls' own, see
+# _SECCOMP_CODE) refuses what would outlive it; this process is not dumpable. The next call's process is made
+# while a call runs and says when it is ready (a failed one is made again after the call). The reply is
+# checked here (shape, nesting) and its id set here. So a call decides its own reply, and nothing else.
 _WORKER = r'''
 import ctypes, gc, json, os, resource, select, signal, sys, time, types
 sys.path[:] = [p for p in sys.path if p.startswith("/usr")]
