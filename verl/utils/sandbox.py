@@ -10,8 +10,8 @@ daemon and no package to install):
   size-limited tmpfs). Nothing of
   the training process is visible: not the project, the data, the checkpoints or the home directory;
 - a new **PID** namespace: when the run ends (or is killed) every process it started dies with it;
-- a new **user** namespace, entered from an unprivileged uid (``nobody`` when the trainer runs as
-  root), so the process limit applies and nothing outside is writable; the program runs with no
+- a new **user** namespace, entered from an unprivileged uid (a random unused one per sandbox when the
+  trainer runs as root), so the process limit applies and nothing outside is writable; the program runs with no
   capabilities at all (bounding set emptied, securebits locked, no_new_privs), so it cannot mount,
   chroot or regain them;
 - resource limits: CPU seconds, address space, processes, file size, open files, no core dumps; a
@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import select
 import shutil
 import signal
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 __all__ = ["CallResult", "SandboxLimits", "SandboxPool", "SandboxResult", "SandboxUnavailable", "SandboxWorker",
            "isolation", "run_python"]
 
-NOBODY = 65534
+SANDBOX_UIDS = (0x40000000, 0x7FFF0000)  # as root, each sandbox runs as a random uid from here
 
 
 class SandboxUnavailable(RuntimeError):
@@ -89,10 +90,14 @@ _SYSCALLS = {  # name: (x86_64, aarch64); None where the architecture has no suc
     "msgget": (68, 186), "semget": (64, 190), "inotify_init": (253, None), "inotify_init1": (294, 26),
     "fanotify_init": (300, 262), "flock": (73, 32), "fcntl": (72, 25), "capset": (126, 91),
     "setsid": (112, 157), "setpgid": (109, 154), "socket": (41, 198), "socketpair": (53, 199),
-    "ptrace": (101, 117), "unshare": (272, 97), "setns": (308, 268), "mq_open": (240, 180)}
+    "ptrace": (101, 117), "unshare": (272, 97), "setns": (308, 268), "mq_open": (240, 180),
+    "perf_event_open": (298, 241), "fadvise64": (221, 223)}
 _DENIED_ALL = ("keyctl", "add_key", "request_key", "memfd_create", "memfd_secret", "io_setup", "io_uring_setup",
                "shmget", "msgget", "semget", "mq_open", "inotify_init", "inotify_init1", "fanotify_init", "flock",
-               "setsid", "setpgid")
+               "setsid", "setpgid", "perf_event_open", "fadvise64")
+# socket() only for these address families (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK): vsock, say, is not
+# confined by the network namespace. Worker calls get no sockets at all.
+_SOCKET_FAMILIES = (1, 2, 10, 16)
 _DENIED_CALLS = ("socket", "socketpair", "ptrace", "unshare", "setns")
 # fcntl commands refused: F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW (locks), F_SETLEASE, F_NOTIFY (watching
 # or blocking shown host files), F_SETPIPE_SZ (pipe pages are counted per user, across sandboxes)
@@ -108,10 +113,13 @@ def _syscall(name: str) -> int | None:
     return _SYSCALLS[name][("x86_64", "aarch64").index(_machine())]
 
 
-def _seccomp(names) -> dict:
+def _seccomp(names, socket_families=None) -> dict:
     """What a sandboxed process needs to build its seccomp filter (see ``_SECCOMP_CODE``)."""
-    return {"arch": _SECCOMP_ARCH[_machine()], "fcntl": _syscall("fcntl"), "locks": list(_FCNTL_DENIED),
+    spec = {"arch": _SECCOMP_ARCH[_machine()], "fcntl": _syscall("fcntl"), "locks": list(_FCNTL_DENIED),
             "denied": [n for n in (_syscall(name) for name in names) if n is not None]}
+    if socket_families is not None:
+        spec.update(socket=_syscall("socket"), families=list(socket_families))
+    return spec
 
 
 # Builds and installs a classic-BPF seccomp filter in a sandboxed process: another architecture (i386 through
@@ -127,17 +135,44 @@ class SockFprog(ctypes.Structure):
 def seccomp_program(spec):
     LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06
     ALLOW, KILL, EPERM = 0x7FFF0000, 0x80000000, 0x00050001
-    denied, locks = spec["denied"], spec["locks"]
-    code = [(LD, 0, 0, 4), (JEQ, 1, 0, spec["arch"]), (RET, 0, 0, KILL), (LD, 0, 0, 0)]
-    deny_at = 4 + 1 + len(denied) + 3 + len(locks) + 1  # the final RET EPERM
-    code.append((JGE, deny_at - 5, 0, 0x40000000))  # x32 system calls on x86_64
-    code += [(JEQ, deny_at - (5 + i) - 1, 0, number) for i, number in enumerate(denied)]
-    code += [(JEQ, 1, 0, spec["fcntl"]), (RET, 0, 0, ALLOW), (LD, 0, 0, 24)]  # fcntl: its second argument
-    start = len(code)
-    code += [(JEQ, deny_at - (start + i) - 1, 0, cmd) for i, cmd in enumerate(locks)]
-    code += [(RET, 0, 0, ALLOW), (RET, 0, 0, EPERM)]
-    assert len(code) == deny_at + 1 and all(jt < 256 for _, jt, _, _ in code)
-    filters = (SockFilter * len(code))(*[SockFilter(*c) for c in code])
+    prog, labels = [], {}
+    def op(code, k, jt=None, jf=None):  # jt/jf: a label further on, or None for the next instruction
+        prog.append((code, jt, jf, k))
+    def label(name):
+        labels[name] = len(prog)
+    op(LD, 4)
+    op(JEQ, spec["arch"], jf="kill")
+    op(LD, 0)
+    op(JGE, 0x40000000, jt="deny")  # x32 system calls on x86_64
+    for number in spec["denied"]:
+        op(JEQ, number, jt="deny")
+    op(JEQ, spec["fcntl"], jt="fcntl")
+    if spec.get("socket") is not None:
+        op(JEQ, spec["socket"], jt="socket")
+    op(RET, ALLOW)
+    label("fcntl")
+    op(LD, 24)  # the low half of the second argument: the command
+    for command in spec["locks"]:
+        op(JEQ, command, jt="deny")
+    op(RET, ALLOW)
+    if spec.get("socket") is not None:
+        label("socket")
+        op(LD, 16)  # the first argument: the address family
+        for family in spec["families"]:
+            op(JEQ, family, jt="allow")
+        op(RET, EPERM)
+    label("allow")
+    op(RET, ALLOW)
+    label("deny")
+    op(RET, EPERM)
+    label("kill")
+    op(RET, KILL)
+    code = []
+    for i, (c, jt, jf, k) in enumerate(prog):
+        offsets = [0 if target is None else labels[target] - i - 1 for target in (jt, jf)]
+        assert all(0 <= o < 256 for o in offsets)
+        code.append(SockFilter(c, offsets[0], offsets[1], k))
+    filters = (SockFilter * len(code))(*code)
     return SockFprog(len(code), ctypes.cast(filters, ctypes.POINTER(SockFilter))), filters
 
 def install_seccomp(program):
@@ -242,7 +277,8 @@ if pid == 0:
                          (resource.RLIMIT_AS, (cfg["memory"],) * 2), (resource.RLIMIT_NPROC, (cfg["nproc"],) * 2),
                          (resource.RLIMIT_FSIZE, (cfg["fsize"],) * 2), (resource.RLIMIT_NOFILE, (cfg["nofile"],) * 2),
                          (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_SIGPENDING, (64, 64)),
-                         (resource.RLIMIT_MSGQUEUE, (0, 0))):  # the last two are counted per user, not per sandbox
+                         (resource.RLIMIT_MSGQUEUE, (0, 0)), (resource.RLIMIT_MEMLOCK, (0, 0)),
+                         (resource.RLIMIT_RTPRIO, (0, 0)), (resource.RLIMIT_NICE, (0, 0))):
         resource.setrlimit(limit, value)
     env = {"PATH": "/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8"}
@@ -278,12 +314,16 @@ def _interpreter() -> str:
 
 
 def _privileges() -> dict:
-    """Popen arguments: a new session (one process group to kill), and as root the uid/gid of nobody (root
-    is exempt from the process limit and could read everything). Done by Popen itself, not a preexec_fn:
-    Python code between fork and exec crashes in a process with threads (a Ray driver has many)."""
+    """Popen arguments: a new session (one process group to kill), and as root a uid/gid of its own for each
+    sandbox, unused on the machine (root is exempt from the process limit and could read everything; and some
+    kernel limits -- epoll watches, pipe pages, file descriptors in flight -- are counted per user, so
+    sandboxes sharing one user could starve each other). Done by Popen itself, not a preexec_fn: Python code
+    between fork and exec crashes in a process with threads (a Ray driver has many). Without root, sandboxes
+    run as the trainer's user and share those per-user limits with it."""
     if os.getuid() != 0:
         return {"start_new_session": True}
-    return {"start_new_session": True, "user": NOBODY, "group": NOBODY, "extra_groups": []}
+    uid = random.SystemRandom().randrange(SANDBOX_UIDS[0], SANDBOX_UIDS[1])
+    return {"start_new_session": True, "user": uid, "group": uid, "extra_groups": []}
 
 
 def _readonly_paths(python: str) -> list[str]:
@@ -320,8 +360,8 @@ def _require_isolation() -> None:
 
 
 def _library_paths(libraries) -> list[str]:
-    """Host folders (installed packages) shown read-only inside; root runs the sandbox as nobody, who must be
-    able to read them."""
+    """Host folders (installed packages) shown read-only inside; as root the sandbox runs as an unprivileged
+    uid, which must be able to read them."""
     paths = []
     for library in libraries:
         path = os.path.realpath(library)
@@ -332,7 +372,8 @@ def _library_paths(libraries) -> list[str]:
             while ancestor != "/":
                 if not os.stat(ancestor).st_mode & 0o001:
                     raise SandboxUnavailable(
-                        f"the sandbox runs as nobody and cannot enter {ancestor} (on the way to {path}); install "
+                        f"the sandbox runs as an unprivileged user and cannot enter {ancestor} (on the way to "
+                        f"{path}); install "
                         "Python packages where every user can read them (chmod o+rx), e.g. a virtual environment "
                         "outside /root")
                 ancestor = os.path.dirname(ancestor)
@@ -353,7 +394,8 @@ def _prepare(work: str, code: str, limits: SandboxLimits, libraries=(), cpu_seco
     os.makedirs(os.path.join(work, "root"), mode=0o755)
     os.chmod(os.path.join(work, "root"), 0o777)
     config = {"root": os.path.join(work, "root"), "code": code_file, "python": python,
-              "pivot_root": _PIVOT_ROOT[_machine()], "keyctl": _syscall("keyctl"), "seccomp": _seccomp(_DENIED_ALL),
+              "pivot_root": _PIVOT_ROOT[_machine()], "keyctl": _syscall("keyctl"),
+              "seccomp": _seccomp(_DENIED_ALL, _SOCKET_FAMILIES),
               "ro": _readonly_paths(python) + _library_paths(libraries),
               "cpu": int(limits.cpu_seconds if cpu_seconds is None else cpu_seconds),
               "memory": int(limits.memory_mb) << 20, "nproc": int(limits.max_processes),
