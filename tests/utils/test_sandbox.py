@@ -160,14 +160,19 @@ def handle(arg):
         os._exit(3)
     if kind == "big":
         return "x" * (2 << 20)
-    if kind == "linger":  # a daemon: double fork, new session, ignores SIGTERM
+    if kind == "linger":  # a daemon: double fork, new session (refused, so tried), ignores SIGTERM
         if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                import signal
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                time.sleep(60)
-            os._exit(0)
+            try:
+                try:
+                    os.setsid()
+                except OSError:
+                    pass
+                if os.fork() == 0:
+                    import signal
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    time.sleep(60)
+            finally:
+                os._exit(0)  # never back into the worker's code: that would send a second reply
         return "left a process"
     if kind == "look":  # what other processes can this call see or touch?
         import resource
