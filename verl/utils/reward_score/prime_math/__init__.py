@@ -4,7 +4,7 @@ The grader (:mod:`.grader`, see its docstring for what it accepts) evaluates tex
 Python while comparing answers -- sympy's ``parse_expr`` and ``eval`` of ``\\pi`` expressions -- so in the
 original a response like ``\\boxed{(exec(bytes([...]).decode()) or 1)*\\pi}`` runs any Python it likes on
 the trainer. Here the answer is extracted on the trainer (string work only, :mod:`.extract`) and graded in
-a :class:`~verl.utils.sandbox.SandboxWorker` (no network, none of the machine's files, CPU/memory limits,
+a :class:`~verl.utils.sandbox_worker.SandboxWorker` (no network, none of the machine's files, CPU/memory limits,
 each grading in a fresh fork of a process that imported sympy once): hostile text can only spoil its own
 score. A grading costs a few milliseconds once a worker has started (about 0.5 s); a repeated (answer,
 reference) pair is graded once (the grader sees nothing else).
@@ -26,7 +26,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from verl.utils.reward_score.prime_math.extract import extract_answer
-from verl.utils.sandbox import SandboxLimits, SandboxPool, SandboxUnavailable
+from verl.utils.sandbox import SandboxLimits, SandboxUnavailable
+from verl.utils.sandbox_worker import SandboxPool
 
 __all__ = ["DATA_SOURCES", "check_sandbox", "compute_score"]
 
