@@ -4,8 +4,9 @@ A :class:`SandboxWorker` is a sandbox (:mod:`verl.utils.sandbox`) that imported 
 runs in a fork of it that is alone in namespaces of its own, with no /proc, no capability and a seccomp filter
 (see ``_WORKER``), so a call decides its own result and nothing else. :class:`SandboxPool` holds several.
 
-    pool = SandboxPool(4, modules=[("grader", source)], entry="grader.grade", libraries=[sympy_folder])
-    pool.call({"answer": "1/2", "reference": "0.5"}).value
+    # source defines handle(request) -> a JSON value; the entry takes one JSON argument
+    pool = SandboxPool(4, modules=[("grader", source)], entry="grader.handle", libraries=[sympy_folder])
+    pool.call({"answer": "1/2", "ground_truth": "0.5"}).value   # {"correct": True}
 """
 
 from __future__ import annotations
