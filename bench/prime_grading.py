@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sympy.core.cache import clear_cache
 
-from verl.utils.reward_score import prime_math
-from verl.utils.reward_score.prime_math.extract import extract_answer
-from verl.utils.reward_score.prime_math.grader import grade
+from verl.rewards.scorers import prime_math
+from verl.rewards.scorers.prime_math.extract import extract_answer
+from verl.rewards.scorers.prime_math.grader import grade
 
 PHRASES = ["Step 1: ... Step 2: so the answer is {}.", "We compute carefully. Therefore \\boxed{{{}}}",
            "Adding both sides, we get {}", "After simplifying, the final answer is: {}"]

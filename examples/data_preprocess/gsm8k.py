@@ -16,7 +16,7 @@ import argparse
 import re
 import sys
 
-from verl.utils.dataset.local_files import LocalDatasetError, load_hub_splits, load_local_splits, save_splits
+from verl.data.local_files import LocalDatasetError, load_hub_splits, load_local_splits, save_splits
 
 DATA_SOURCE = "openai/gsm8k"  # the reward function is chosen by this name, keep it as is
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'

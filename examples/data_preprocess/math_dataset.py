@@ -12,7 +12,7 @@ Without it the dataset is fetched from the Hub, which needs the `datasets` packa
 import argparse
 import sys
 
-from verl.utils.dataset.local_files import LocalDatasetError, load_hub_splits, load_local_splits, save_splits
+from verl.data.local_files import LocalDatasetError, load_hub_splits, load_local_splits, save_splits
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"  # the reward function is chosen by this name
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import toy_task  # examples/demo/toy_task.py, next to this file
 
-from verl.utils.reward_score.reverse_digits import DATA_SOURCE
+from verl.rewards.scorers.reverse_digits import DATA_SOURCE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import random
 
-from verl.utils.dataset.local_files import save_splits
-from verl.utils.reward_score.reverse_digits import DATA_SOURCE
+from verl.data.local_files import save_splits
+from verl.rewards.scorers.reverse_digits import DATA_SOURCE
 
 INSTRUCTION = "Reverse"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verl.utils.reward_score import default_compute_score
+from verl.rewards.scorers import default_compute_score
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "demo" / "toy_task.py"
 

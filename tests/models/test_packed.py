@@ -5,7 +5,7 @@ import torch
 
 from verl.models import forward_logprobs, forward_values, load_causal_lm, load_value_model
 from verl.models.packed import pack
-from verl.workers.reward_model import load_reward_model, sequence_scores
+from verl.rewards.model import load_reward_model, sequence_scores
 
 
 def _ragged_batch(vocab, prompt=7, response=5):

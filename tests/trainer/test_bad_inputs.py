@@ -51,7 +51,7 @@ def offline_hub_id(setup, tmp, monkeypatch):
 
 
 def numina_without_sandbox(setup, tmp, monkeypatch):
-    from verl.utils import sandbox
+    from verl.sandbox import process as sandbox
 
     monkeypatch.setattr(sandbox, "isolation", lambda: "no `unshare` binary (util-linux) on this machine")
     path = tmp / "numina.parquet"
@@ -60,8 +60,8 @@ def numina_without_sandbox(setup, tmp, monkeypatch):
 
 
 def numina_without_pylatexenc(setup, tmp, monkeypatch):
-    from verl.utils.reward_score import prime_math
-    from verl.utils.sandbox import SandboxUnavailable
+    from verl.rewards.scorers import prime_math
+    from verl.sandbox.process import SandboxUnavailable
 
     def missing():
         raise SandboxUnavailable("the numina_* grader needs the Python package 'pylatexenc': pip install pylatexenc")

@@ -447,7 +447,7 @@ def multi_turn_grpo(tmp_path, engine):
 
 def test_multi_turn_grpo_runs_tool_calls_and_trains_on_the_models_tokens(gsm8k_setup, tmp_path, monkeypatch,
                                                                          scripted_agent_engine):
-    from verl.utils.sandbox import isolation
+    from verl.sandbox.process import isolation
 
     if isolation() != "namespaces":
         pytest.skip(isolation())
@@ -503,7 +503,7 @@ def test_multi_turn_with_a_simulated_user_passes_turn_scores_to_the_reward(gsm8k
                                                                            scripted_agent_engine):
     """interaction_config_path through main_ppo: after the tool turn the model answers, the simulated user
     asks once more, the model answers again; the reward function sees the user's turn scores."""
-    from verl.utils.sandbox import isolation
+    from verl.sandbox.process import isolation
 
     if isolation() != "namespaces":
         pytest.skip(isolation())

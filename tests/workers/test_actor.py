@@ -8,7 +8,7 @@ import torch
 from verl.protocol import DataProto
 from verl.workers.actor import check_finite, map_micro_batches, split_micro_batches
 from verl.workers.fsdp_workers import micro_batching, per_rank_mini_batch
-from verl.workers.reward_model import place_scores
+from verl.rewards.model import place_scores
 
 
 def rows_with_lengths(lengths, width=6):

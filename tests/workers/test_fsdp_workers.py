@@ -14,7 +14,7 @@ from verl.single_controller import ClassWithInitArgs
 from verl.single_controller.local import LocalWorkerGroup
 from verl.trainer.config_validation import compose_ppo_config
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-from verl.workers.reward_model import sequence_scores
+from verl.rewards.model import sequence_scores
 
 TEXTS = ["Natalia sold clips to her friends", "How many clips did"]
 RESPONSE = 6

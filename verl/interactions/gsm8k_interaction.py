@@ -4,7 +4,7 @@ ground truth, ends the episode when it is right, and otherwise asks the model to
 from __future__ import annotations
 
 from verl.interactions.base import BaseInteraction
-from verl.utils.reward_score import gsm8k
+from verl.rewards.scorers import gsm8k
 
 __all__ = ["Gsm8kInteraction"]
 

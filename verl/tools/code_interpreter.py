@@ -1,4 +1,4 @@
-"""A Python tool: the model's code runs in the sandbox (:mod:`verl.utils.sandbox`); it gets back what
+"""A Python tool: the model's code runs in the sandbox (:mod:`verl.sandbox.process`); it gets back what
 the program printed, or why it failed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from verl.tools.base import BaseTool
-from verl.utils.sandbox import SandboxLimits, run_python
+from verl.sandbox.process import SandboxLimits, run_python
 
 SCHEMA = {
     "type": "function",
@@ -20,7 +20,7 @@ SCHEMA = {
 
 
 class CodeInterpreterTool(BaseTool):
-    """``config``: any :class:`~verl.utils.sandbox.SandboxLimits` field (``cpu_seconds``, ``memory_mb``, ...)."""
+    """``config``: any :class:`~verl.sandbox.process.SandboxLimits` field (``cpu_seconds``, ``memory_mb``, ...)."""
 
     def __init__(self, config: dict | None = None, tool_schema: dict | None = None):
         super().__init__(config or {}, tool_schema or SCHEMA)

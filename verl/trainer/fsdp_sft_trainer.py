@@ -194,8 +194,8 @@ class FSDPSFTTrainer:
         from torch.utils.data import DataLoader
 
         from verl.models import load_causal_lm
-        from verl.utils.dataset.rl_dataset import DatasetError, collate_fn
-        from verl.utils.dataset.sampler import ResumableSampler, make_dataloader
+        from verl.data.rl_dataset import DatasetError, collate_fn
+        from verl.data.sampler import ResumableSampler, make_dataloader
         from verl.workers.engine import FSDPEngine
 
         self.config, self.tokenizer = config, tokenizer
@@ -333,7 +333,7 @@ class FSDPSFTTrainer:
 def run_sft(config: DictConfig) -> dict:
     """Build the tokenizer, datasets and trainer of a validated config and train; the process group is up."""
     from verl.models import load_tokenizer
-    from verl.utils.dataset.sft_dataset import SFTDataset
+    from verl.data.sft_dataset import SFTDataset
 
     model = config.model
     if model.external_lib:
@@ -375,7 +375,7 @@ def _init_process_group(device: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Compose, validate, train; 0 on success, 1 for a configuration or data problem (printed)."""
-    from verl.utils.dataset.rl_dataset import DatasetError
+    from verl.data.rl_dataset import DatasetError
 
     configure_logging()
     try:

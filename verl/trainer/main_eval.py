@@ -38,8 +38,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def _score_fn(config):
-    from verl.trainer.ppo.reward import get_custom_reward_fn
-    from verl.utils.reward_score import default_compute_score
+    from verl.rewards.loading import get_custom_reward_fn
+    from verl.rewards.scorers import default_compute_score
 
     custom = get_custom_reward_fn(config)
     return custom or default_compute_score

@@ -5,7 +5,7 @@
         trainer.n_gpus_per_node=1
 
 Reads ``verl/trainer/config/generation.yaml`` (the original's keys). The prompts are tokenized the
-way training tokenizes them (:class:`~verl.utils.dataset.RLHFDataset`: chat template, left padding,
+way training tokenizes them (:class:`~verl.data.RLHFDataset`: chat template, left padding,
 ``rollout.prompt_length``); the rollout workers are the trainer's (``ActorRolloutRefWorker`` in the
 ``rollout`` role: the native engine or ``hf``), data-parallel over ``trainer.n_gpus_per_node x
 trainer.nnodes`` Ray workers. The output parquet is the input's rows, in order, with a ``responses``
@@ -96,7 +96,7 @@ def generate(config) -> str:
     from verl.models import load_tokenizer
     from verl.protocol import DataProto
     from verl.single_controller import ClassWithInitArgs
-    from verl.utils.dataset import RLHFDataset, collate_fn
+    from verl.data import RLHFDataset, collate_fn
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     check_generation_config(config)

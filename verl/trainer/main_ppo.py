@@ -20,7 +20,7 @@ from verl.utils.logging_utils import configure_logging
 
 
 def _dataset(files, tokenizer, data_config, max_samples: int, shuffle: bool):
-    from verl.utils.dataset import RLHFDataset
+    from verl.data import RLHFDataset
 
     config = {**OmegaConf.to_container(data_config, resolve=True), "max_samples": max_samples, "shuffle": shuffle}
     return RLHFDataset(files, tokenizer, config)
@@ -30,7 +30,7 @@ def run_ppo(config) -> dict:
     """Run a validated config to the end; returns the last step's metrics."""
     from verl.models import load_tokenizer
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.trainer.ppo.reward import check_rule_reward_rows, load_reward_manager
+    from verl.rewards.loading import check_rule_reward_rows, load_reward_manager
 
     configure_logging()
     model = config.actor_rollout_ref.model
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from verl.single_controller import WorkerError
     from verl.trainer.ppo.ray_trainer import DynamicSamplingError
-    from verl.utils.dataset import DatasetError
+    from verl.data import DatasetError
 
     try:
         run_ppo(config)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from verl.models import forward_logprobs
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.config import config_get
 from verl.utils.seqlen_balancing import token_budget_partitions
 

@@ -14,7 +14,7 @@ import torch
 
 from verl.models import forward_values
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.algorithms import compute_value_loss
 from verl.utils.config import config_get
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor import check_finite, map_micro_batches, run_mini_batches

@@ -39,7 +39,7 @@ from verl.workers.actor import DataParallelPPOActor
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import FSDPEngine
 from verl.workers.engine.fsdp import mixed_precision_policy
-from verl.workers.reward_model import compute_rm_scores, load_reward_model, same_tokenizer
+from verl.rewards.model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.agent_loop import ToolAgentLoop
 

@@ -259,7 +259,7 @@ def test_allowed_values_pass():
 
 
 def test_registered_estimators_are_accepted_without_editing_the_validator(monkeypatch):
-    from verl.trainer.ppo import core_algos
+    from verl import algorithms as core_algos
 
     monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "my_estimator", lambda **kwargs: None)
     validate("algorithm.adv_estimator=my_estimator", "critic.enable=false")

@@ -167,7 +167,7 @@ def test_tool_config_file(tmp_path):
 
 def test_code_interpreter_runs_in_the_sandbox():
     from verl.tools.code_interpreter import CodeInterpreterTool
-    from verl.utils.sandbox import isolation
+    from verl.sandbox.process import isolation
 
     if isolation() != "namespaces":
         pytest.skip(isolation())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.trainer.config.compose import dotted_keys
-from verl.trainer.ppo.core_algos import (
+from verl.algorithms import (
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
     get_adv_estimator_fn,
@@ -27,7 +27,7 @@ from verl.trainer.ppo.core_algos import (
     registered_policy_losses,
 )
 from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS
-from verl.workers.reward_manager import (
+from verl.rewards.managers import (
     get_reward_manager_cls,
     registered_reward_managers,
 )

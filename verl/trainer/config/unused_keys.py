@@ -91,6 +91,6 @@ def check_not_implemented(run: Run) -> Iterator[Issue]:
         value = run.get(key)
         if value != run.default(key) and not run.follows(key):
             yield warn(key, f"is set to {_format(value)}, but code rewards (data sources codecontests, apps, "
-                            "codeforces, taco) run in the local sandbox (verl.utils.sandbox: namespaces, no network, "
+                            "codeforces, taco) run in the local sandbox (verl.sandbox.process: namespaces, no network, "
                             "CPU/memory/process limits); no SandboxFusion service is called. Remove it to silence "
                             "this warning")

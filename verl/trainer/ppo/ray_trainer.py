@@ -26,12 +26,12 @@ from omegaconf import OmegaConf, open_dict
 from verl.protocol import DataProto
 from verl.trainer.plan import resolve_gradient_checkpointing
 from verl.trainer.ppo import checkpointing
-from verl.trainer.ppo.core_algos import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_rollout_probs_diff,
                                            compute_throughput_metrics, compute_timing_metrics, reduce_metrics)
 from verl.trainer.ppo.roles import WorkerGroups, need_critic, need_reference_policy, total_devices
 from verl.trainer.ppo.validation import dump_generations, validate
-from verl.utils.dataset import collate_fn, create_rl_sampler, make_dataloader
+from verl.data import collate_fn, create_rl_sampler, make_dataloader
 from verl.utils.debug import simple_timer
 from verl.utils.flops_counter import FlopsCounter
 from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
