@@ -31,6 +31,7 @@ def test_every_moved_package_is_listed():
 
 def test_a_registration_through_an_old_path_reaches_the_new_registry():
     from verl.trainer.ppo.core_algos import register_adv_est
+
     from verl.algorithms import ADV_ESTIMATOR_REGISTRY
 
     @register_adv_est("test_moved_paths_estimator")

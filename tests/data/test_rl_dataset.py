@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 
 from verl.data import (
     DatasetError,
-    RLHFDataset,
     ResumableSampler,
+    RLHFDataset,
     collate_fn,
     create_rl_sampler,
     make_dataloader,
@@ -49,7 +49,7 @@ def gsm_file(tmp_path):
 
 
 def data_config(**overrides):
-    return OmegaConf.create({"max_prompt_length": 64, "truncation": "error", **overrides})
+    return OmegaConf.create({"max_prompt_length": 64, "truncation": "error", "return_raw_chat": True, **overrides})
 
 
 def template_ids(tokenizer, question):
@@ -121,16 +121,16 @@ def test_multiple_files_are_concatenated(tmp_path, tiny_tokenizer):
 
 
 def test_max_samples(gsm_file, tiny_tokenizer):
-    head = RLHFDataset(gsm_file, tiny_tokenizer, data_config(max_samples=2, shuffle=False))
+    head = RLHFDataset(gsm_file, tiny_tokenizer, data_config(shuffle=False), max_samples=2)
     assert [head[i]["index"] for i in range(len(head))] == [100, 101]
 
     picks = [
         [d[i]["index"] for i in range(len(d))]
-        for d in (RLHFDataset(gsm_file, tiny_tokenizer, data_config(max_samples=3, seed=7)) for _ in range(2))
+        for d in (RLHFDataset(gsm_file, tiny_tokenizer, data_config(seed=7), max_samples=3) for _ in range(2))
     ]
     assert picks[0] == picks[1] and len(set(picks[0])) == 3
-    assert len(RLHFDataset(gsm_file, tiny_tokenizer, data_config(max_samples=-1))) == 5
-    assert len(RLHFDataset(gsm_file, tiny_tokenizer, data_config(max_samples=50))) == 5
+    assert len(RLHFDataset(gsm_file, tiny_tokenizer, data_config(), max_samples=-1)) == 5
+    assert len(RLHFDataset(gsm_file, tiny_tokenizer, data_config(), max_samples=50)) == 5
 
 
 # ---- overlong prompts ----------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def test_sampler_resumes_at_next_index():
 def test_create_rl_sampler_reads_config(gsm_file, tiny_tokenizer):
     ds = RLHFDataset(gsm_file, tiny_tokenizer, data_config())
     assert list(create_rl_sampler(OmegaConf.create({"shuffle": False}), ds)) == list(range(5))
-    shuffled = create_rl_sampler(OmegaConf.create({"shuffle": True, "seed": None}), ds)
+    shuffled = create_rl_sampler(OmegaConf.create({"shuffle": True}), ds)  # data.seed: the yaml's
     assert shuffled.seed == 1 and len(shuffled) == 5
 
 

@@ -11,7 +11,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verl.data.local_files import LocalDatasetError, find_split_files, write_parquet_atomic
+from verl.data.local_files import (
+    LocalDatasetError,
+    find_split_files,
+    write_parquet_atomic,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "data_preprocess"

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from verl.models import forward_logprobs, forward_values, load_causal_lm, load_value_model
+from verl.models import (
+    forward_logprobs,
+    forward_values,
+    load_causal_lm,
+    load_value_model,
+)
 from verl.models.packed import pack
 from verl.rewards.model import load_reward_model, sequence_scores
 

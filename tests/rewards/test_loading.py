@@ -7,8 +7,12 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.rewards.loading import get_custom_reward_fn, load_reward_manager
+from verl.rewards.managers import (
+    BatchRewardManager,
+    DAPORewardManager,
+    NaiveRewardManager,
+)
 from verl.rewards.scorers import default_compute_score
-from verl.rewards.managers import BatchRewardManager, DAPORewardManager, NaiveRewardManager
 
 GOOD = '''
 from math import sqrt

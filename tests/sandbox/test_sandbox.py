@@ -9,8 +9,14 @@ import time
 
 import pytest
 
-from verl.sandbox import process as sandbox, worker as sandbox_worker
-from verl.sandbox.process import SandboxLimits, SandboxUnavailable, isolation, run_python
+from verl.sandbox import process as sandbox
+from verl.sandbox import worker as sandbox_worker
+from verl.sandbox.process import (
+    SandboxLimits,
+    SandboxUnavailable,
+    isolation,
+    run_python,
+)
 
 pytestmark = pytest.mark.skipif(isolation() != "namespaces", reason=f"no sandbox on this machine: {isolation()}")
 

@@ -4,8 +4,16 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.single_controller import (DataProtoFuture, Dispatch, Execute, Worker, WorkerFuture,
-                                    WorkerGroup, register, register_dispatch_mode)
+from verl.single_controller import (
+    DataProtoFuture,
+    Dispatch,
+    Execute,
+    Worker,
+    WorkerFuture,
+    WorkerGroup,
+    register,
+    register_dispatch_mode,
+)
 
 
 class RecordingWorker:

@@ -11,15 +11,25 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
-from verl.single_controller import (ClassWithInitArgs, DataProtoFuture, Dispatch, Worker, WorkerError,
-                                    register, register_dispatch_mode)
+from verl.single_controller import (
+    ClassWithInitArgs,
+    DataProtoFuture,
+    Dispatch,
+    Worker,
+    WorkerError,
+    register,
+    register_dispatch_mode,
+)
 
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
 
 from verl.single_controller.local import LocalWorkerGroup  # noqa: E402
-from verl.single_controller.ray import (RayWorkerGroup, ResourcePool,  # noqa: E402
-                                        create_colocated_worker_groups)
+from verl.single_controller.ray import (  # noqa: E402
+    RayWorkerGroup,
+    ResourcePool,
+    create_colocated_worker_groups,
+)
 
 # Ray workers cannot import test modules (pytest's importlib mode): ship the toy classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -263,7 +273,9 @@ def test_local_backend_gives_the_same_results(toy_group, local_group):
 def test_local_colocated_roles_live_in_the_driver(local_group):
     # local_group holds this process's process group; both roles join it (init is idempotent),
     # and its teardown ends it, so this test does not call shutdown().
-    from verl.single_controller.local import create_colocated_worker_groups as local_colocated
+    from verl.single_controller.local import (
+        create_colocated_worker_groups as local_colocated,
+    )
 
     groups = local_colocated(None, {"actor_rollout": ClassWithInitArgs(ToyWorker, scale=3.0),
                                     "critic": ClassWithInitArgs(ToyCritic, offset=10.0)}, device="cpu")

@@ -32,7 +32,6 @@ from verl.trainer import (
 )
 from verl.trainer.config import ConfigError
 from verl.trainer.config.compose import compose_ppo_config
-from verl.trainer.config.objects import NOT_SET
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -99,7 +98,7 @@ def test_import_verl_trainer_is_lazy():
     out = run_python("""
         import sys
         import verl.trainer
-        print("eager", [m for m in ("verl.trainer.api", "verl.trainer.config.objects", "omegaconf", "hydra")
+        print("eager", [m for m in ("verl.trainer.api", "verl.workers.config", "omegaconf", "hydra")
                         if m in sys.modules])
         from verl.trainer import ModelConfig, PPOTrainer, build_ppo_config
         print("module", PPOTrainer.__module__, ModelConfig.__module__, build_ppo_config.__module__)
@@ -110,7 +109,7 @@ def test_import_verl_trainer_is_lazy():
             print("missing", e)
     """)
     assert "eager []" in out
-    assert "module verl.trainer.api verl.trainer.config.objects verl.trainer.api" in out
+    assert "module verl.trainer.api verl.workers.config.model verl.trainer.api" in out
     assert "listed True" in out
     assert "missing module 'verl.trainer' has no attribute 'NoSuchThing'" in out
 
@@ -386,7 +385,8 @@ def test_wrong_object_in_a_field_is_a_type_error():
 def test_objects_copy_and_pickle_with_unset_fields():
     model = ModelConfig(path="/models/a")
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        assert clone == model and clone.tokenizer_path is NOT_SET
+        assert clone == model and clone.to_overrides("actor_rollout_ref.model") == {
+            "actor_rollout_ref.model.path": "/models/a"}  # the fields left unset stay unset
 
 
 # --------------------------------------------------------------------------------------------------

@@ -169,7 +169,11 @@ def assert_export_matches_training(step_dir, tmp_path):
     """The model merger turns the 2-rank actor shards into a Hugging Face folder whose weights and
     logits equal the full model the live FSDP actor gathered at save time (huggingface/, hf_model)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
 
     actor = step_dir / "actor"
     merger = [sys.executable, "-m", "verl.model_merger"]
@@ -348,8 +352,16 @@ def test_dapo_dynamic_sampling_generates_until_the_batch_holds_varied_groups(gsm
 
 def test_python_api_fit_runs_the_same_loop(gsm8k_setup, tmp_path, monkeypatch):
     """The article's Python API: config objects, PPOTrainer(...).fit(), no Ray needed (local backend)."""
-    from verl.trainer import (ActorConfig, ActorRolloutRefConfig, DataConfig, ModelConfig, PPOAlgorithmConfig,
-                              PPOTrainer, RolloutConfig, TrainerConfig)
+    from verl.trainer import (
+        ActorConfig,
+        ActorRolloutRefConfig,
+        DataConfig,
+        ModelConfig,
+        PPOAlgorithmConfig,
+        PPOTrainer,
+        RolloutConfig,
+        TrainerConfig,
+    )
 
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "api.jsonl"))
     trainer = PPOTrainer(
@@ -409,7 +421,8 @@ def scripted_agent_engine():
     Registered the way users add engines; the local backend runs it in this process."""
     import torch
 
-    from verl.workers.rollout.base import BaseRollout, build_rollout_output, register_rollout
+    from verl.workers.rollout.base import BaseRollout, build_rollout_output
+    from verl.workers.rollout.registry import register_rollout
 
     class ScriptedAgent(BaseRollout):
         SCRIPT = ['<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(24 * 3)"}}</tool_call>',
@@ -425,11 +438,11 @@ def scripted_agent_engine():
             responses = torch.tensor([r + [params.pad_token_id] * (width - len(r)) for r in rows])
             return build_rollout_output(prompts, responses, torch.full(responses.shape, -1.0), params)
 
-    from verl.workers.rollout import base
+    from verl.workers.rollout import registry
 
     register_rollout("scripted_agent")(ScriptedAgent)
     yield "scripted_agent"
-    del base._ROLLOUTS["scripted_agent"]  # other tests list the built-in engines
+    del registry._ROLLOUTS["scripted_agent"]  # other tests list the built-in engines
 
 
 def multi_turn_grpo(tmp_path, engine):

@@ -3,8 +3,9 @@
 import pytest
 
 from verl.trainer import plan as plan_module
+from verl.trainer.config.spec import resolve_run
 from verl.trainer.config_validation import compose_ppo_config
-from verl.trainer.plan import GIB, ModelShape, plan_memory, resolve_gradient_checkpointing
+from verl.trainer.plan import GIB, ModelShape, plan_memory
 
 # 1000 parameters, 4 layers of 100 (600 outside them), hidden 8, MLP 16, kv 4, vocab 50.
 SHAPE = ModelShape(params=1000, layer_params=100, layers=4, hidden=8, intermediate=16, kv_dim=4, vocab=50)
@@ -82,17 +83,17 @@ def test_unset_checkpointing_is_chosen_by_the_estimate(monkeypatch, tiny_qwen2_d
     cfg = config(path=tiny_qwen2_dir)
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is None  # the default: unset
     monkeypatch.setattr(plan_module, "device_memory", lambda _: None)
-    resolve_gradient_checkpointing(cfg, log=messages.append)
-    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True and "no GPU" in messages[0]
+    spec = resolve_run(cfg, log=messages.append)
+    assert spec.actor_rollout_ref.model.enable_gradient_checkpointing is True and "no GPU" in messages[0]
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is None  # the config is left as written
     for device, expected in ((80 * GIB, False), (1024, True)):
-        cfg = config(path=tiny_qwen2_dir)
         monkeypatch.setattr(plan_module, "device_memory", lambda _, device=device: device)
-        resolve_gradient_checkpointing(cfg, log=messages.append)
-        assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is expected
+        spec = resolve_run(config(path=tiny_qwen2_dir), log=messages.append)
+        assert spec.actor_rollout_ref.model.enable_gradient_checkpointing is expected
     cfg = config("actor_rollout_ref.model.enable_gradient_checkpointing=false", path=tiny_qwen2_dir)
     monkeypatch.setattr(plan_module, "device_memory", lambda _: 1024)
-    resolve_gradient_checkpointing(cfg, log=messages.append)  # set by the user: left alone
-    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    spec = resolve_run(cfg, log=messages.append)  # set by the user: left alone
+    assert spec.actor_rollout_ref.model.enable_gradient_checkpointing is False
 
 
 def test_cli_reads_the_model_folder(tiny_qwen2_dir, capsys):

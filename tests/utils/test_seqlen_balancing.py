@@ -2,8 +2,12 @@ import random
 
 import pytest
 
-from verl.utils.seqlen_balancing import (balance_batch_partitions, karmarkar_karp, log_seqlen_unbalance,
-                                        token_budget_partitions)
+from verl.utils.seqlen_balancing import (
+    balance_batch_partitions,
+    karmarkar_karp,
+    log_seqlen_unbalance,
+    token_budget_partitions,
+)
 
 
 def check_partition(partitions, n, k):

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.actor import check_finite, map_micro_batches, split_micro_batches
-from verl.workers.fsdp_workers import micro_batching, per_rank_mini_batch
 from verl.rewards.model import place_scores
+from verl.utils.seqlen_balancing import map_micro_batches, split_micro_batches
+from verl.workers.actor import check_finite
+from verl.workers.config import CriticConfig
+from verl.workers.config.batching import micro_batching, per_rank_mini_batch
 
 
 def rows_with_lengths(lengths, width=6):
@@ -48,26 +50,26 @@ def test_check_finite_names_the_rows():
 
 
 def test_per_rank_mini_batch_counts_prompts_times_n_over_ranks():
-    section = {"ppo_mini_batch_size": 4}
-    assert per_rank_mini_batch(section, "actor_rollout_ref.actor", rollout_n=3, world_size=2) == 6
+    assert per_rank_mini_batch(4, rollout_n=3, world_size=2, where="actor_rollout_ref.actor") == 6
     with pytest.raises(ValueError, match=r"ppo_mini_batch_size \(4\) x rollout.n \(1\) = 4 sequences .* 3 ranks"):
-        per_rank_mini_batch(section, "actor_rollout_ref.actor", rollout_n=1, world_size=3)
+        per_rank_mini_batch(4, rollout_n=1, world_size=3, where="actor_rollout_ref.actor")
 
 
 def test_micro_batching_per_gpu_deprecated_global_and_dynamic():
     keys = {"dynamic_key": "use_dynamic_bsz", "token_key": "ppo_max_token_len_per_gpu"}
     where, name = "critic", "ppo_micro_batch_size"
     rows = {**keys, "remove_padding": False}
-    assert micro_batching({"ppo_micro_batch_size_per_gpu": 3}, where, name, 4, **rows) == (3, None)
-    assert micro_batching({"ppo_micro_batch_size": 8}, where, name, 4, **rows) == (2, None)
-    assert micro_batching({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 100}, where, name, 4,
+    critic = CriticConfig.from_dict  # the other keys keep the yaml's defaults (use_dynamic_bsz: null)
+    assert micro_batching(critic({"ppo_micro_batch_size_per_gpu": 3}), where, name, 4, **rows) == (3, None)
+    assert micro_batching(critic({"ppo_micro_batch_size": 8}), where, name, 4, **rows) == (2, None)
+    assert micro_batching(critic({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 100}), where, name, 4,
                           **rows) == (None, 100)
     with pytest.raises(ValueError, match=r"critic.ppo_micro_batch_size_per_gpu is not set.*critic.use_dynamic_bsz"):
-        micro_batching({}, where, name, 4, **rows)
+        micro_batching(critic({}), where, name, 4, **rows)
     # Unset with packed forwards: by tokens, whatever the row count says; false keeps rows.
     section = {"ppo_micro_batch_size_per_gpu": 3, "ppo_max_token_len_per_gpu": 100}
-    assert micro_batching(section, where, name, 4, **keys, remove_padding=True) == (None, 100)
-    assert micro_batching({**section, "use_dynamic_bsz": False}, where, name, 4, **keys,
+    assert micro_batching(critic(section), where, name, 4, **keys, remove_padding=True) == (None, 100)
+    assert micro_batching(critic({**section, "use_dynamic_bsz": False}), where, name, 4, **keys,
                           remove_padding=True) == (3, None)
 
 

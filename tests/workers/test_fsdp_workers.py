@@ -10,11 +10,15 @@ import torch.distributed as dist
 from omegaconf import OmegaConf, open_dict
 
 from verl.protocol import DataProto
+from verl.rewards.model import sequence_scores
 from verl.single_controller import ClassWithInitArgs
 from verl.single_controller.local import LocalWorkerGroup
 from verl.trainer.config_validation import compose_ppo_config
-from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-from verl.rewards.model import sequence_scores
+from verl.workers.fsdp_workers import (
+    ActorRolloutRefWorker,
+    CriticWorker,
+    RewardModelWorker,
+)
 
 TEXTS = ["Natalia sold clips to her friends", "How many clips did"]
 RESPONSE = 6
@@ -109,7 +113,7 @@ def test_generate_then_log_probs_match_the_rollout(generated):
     assert len(out) == len(TEXTS) * N and out.meta_info["temperature"] == 0.7
     assert out.batch["responses"].device.type == "cpu"
     mask = out.batch["response_mask"].bool()
-    assert set(old.batch) == {"old_log_probs", "entropys"}
+    assert set(old.batch.keys()) == {"old_log_probs", "entropys"}
     assert old.batch["old_log_probs"].shape == (len(out), RESPONSE) == old.batch["entropys"].shape
     # Same positions and the same temperature as the sampler: an off-by-one shows up as O(1) differences.
     diff = (old.batch["old_log_probs"] - out.batch["rollout_log_probs"]).abs()[mask]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from verl.algorithms.losses import agg_loss
-from verl.utils.config import config_get
+from verl.trainer.config.algorithm import KLControlConfig
 
 # --------------------------------------------------------------------------------------------------
 # KL
@@ -80,18 +80,13 @@ class AdaptiveKLController:
 
 
 def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
-    """Build the controller described by ``algorithm.kl_ctrl``.
-
-    Keys: ``type`` (fixed|adaptive, default fixed), ``kl_coef`` (0.001), ``target_kl`` (0.1), ``horizon`` (10000).
-    """
-    kind = config_get(kl_ctrl_config, "type", "fixed")
-    kl_coef = config_get(kl_ctrl_config, "kl_coef", 0.001)
-    if kind == "fixed":
-        return FixedKLController(kl_coef)
-    if kind == "adaptive":
-        target_kl = config_get(kl_ctrl_config, "target_kl", 0.1)
-        return AdaptiveKLController(kl_coef, target_kl, config_get(kl_ctrl_config, "horizon", 10000))
-    raise ValueError(f"unknown algorithm.kl_ctrl.type {kind!r}; use 'fixed' or 'adaptive'")
+    """The controller ``algorithm.kl_ctrl`` describes (a `KLControlConfig`, or a dict of its keys)."""
+    config = KLControlConfig.from_config(kl_ctrl_config)
+    if config.type == "fixed":
+        return FixedKLController(config.kl_coef)
+    if config.type == "adaptive":
+        return AdaptiveKLController(config.kl_coef, config.target_kl, config.horizon)
+    raise ValueError(f"unknown algorithm.kl_ctrl.type {config.type!r}; use 'fixed' or 'adaptive'")
 
 
 def apply_kl_penalty(

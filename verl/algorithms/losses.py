@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from verl.algorithms.registry import register_policy_loss
-from verl.utils.config import config_get
 from verl.utils.torch_functional import entropy_from_logits, masked_mean, masked_sum
+from verl.workers.config.actor import ActorConfig
 
 # --------------------------------------------------------------------------------------------------
 # Loss aggregation
@@ -59,13 +57,10 @@ def agg_loss(
 # --------------------------------------------------------------------------------------------------
 
 
-def _clip_bounds(config: Any) -> tuple[float, float]:
-    clip = config_get(config, "clip_ratio", 0.2)
-    return config_get(config, "clip_ratio_low", clip), config_get(config, "clip_ratio_high", clip)
-
-
-def _policy_loss_option(config: Any, key: str, default: float) -> float:
-    return config_get(config_get(config, "policy_loss"), key, default)
+def _clip_bounds(config: ActorConfig) -> tuple[float, float]:
+    """(ε_low, ε_high): ``clip_ratio_low``/``clip_ratio_high``, each ``clip_ratio`` when null."""
+    low, high = config.clip_ratio_low, config.clip_ratio_high
+    return (config.clip_ratio if low is None else low), (config.clip_ratio if high is None else high)
 
 
 def _ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor) -> torch.Tensor:
@@ -84,7 +79,7 @@ def _finish(loss_mat, old_log_prob, log_prob, response_mask, loss_agg_mode, conf
     """Apply IS weights, aggregate, and build the metrics every policy loss reports."""
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights
-    pg_loss = agg_loss(loss_mat, response_mask, loss_agg_mode, config_get(config, "loss_scale_factor"))
+    pg_loss = agg_loss(loss_mat, response_mask, loss_agg_mode, config.loss_scale_factor)
 
     def frac(flags):
         if flags is None:
@@ -112,8 +107,9 @@ def compute_policy_loss_vanilla(
     pg_clipfrac: share of valid tokens where the clipped term wins; pg_clipfrac_lower: share where
     the dual clip is active; ppo_kl: masked mean of old − logp.
     """
+    config = ActorConfig.from_config(config)
     low, high = _clip_bounds(config)
-    c = config_get(config, "clip_ratio_c", 3.0)
+    c = config.clip_ratio_c
     if c <= 1.0:
         raise ValueError(f"actor.clip_ratio_c must be > 1 for dual-clip PPO (default 3.0), got {c}")
     loss, clipped = _clipped_surrogate(_ratio(old_log_prob, log_prob), advantages, low, high)
@@ -135,6 +131,7 @@ def compute_policy_loss_gspo(
     as r_{i,t} = sg(s_i)·exp(logp_t − sg(logp_t)) (value s_i, gradient s_i·∇logp_t), then clipped as
     vanilla without dual clip. Always aggregated with seq-mean-token-mean (``loss_agg_mode`` ignored).
     """
+    config = ActorConfig.from_config(config)
     low, high = _clip_bounds(config)
     seq_log_ratio = masked_mean(log_prob - old_log_prob, response_mask, axis=-1).clamp(-20.0, 20.0)
     ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + log_prob - log_prob.detach())
@@ -149,6 +146,7 @@ def compute_policy_loss_gpg(
     loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
 ):
     """GPG: plain policy gradient, L = −logp·A (no ratio, no clipping)."""
+    config = ActorConfig.from_config(config)
     return _finish(-log_prob * advantages, old_log_prob, log_prob, response_mask, loss_agg_mode, config,
                    rollout_is_weights)
 
@@ -179,10 +177,11 @@ def compute_policy_loss_clip_cov(
     torch.manual_seed makes it reproducible) and their loss is detached: no gradient flows there.
     Extra metric ``pg_clipcov_frac``: share of valid tokens detached.
     """
+    config = ActorConfig.from_config(config)
     low, high = _clip_bounds(config)
-    cov_ratio = _policy_loss_option(config, "clip_cov_ratio", 2e-4)
-    lb = _policy_loss_option(config, "clip_cov_lb", 1.0)
-    ub = _policy_loss_option(config, "clip_cov_ub", 5.0)
+    cov_ratio = config.policy_loss.clip_cov_ratio
+    lb = config.policy_loss.clip_cov_lb
+    ub = config.policy_loss.clip_cov_ub
     loss, clipped = _clipped_surrogate(_ratio(old_log_prob, log_prob), advantages, low, high)
     valid = response_mask.bool()
     cov = _centred_cov(advantages, log_prob, response_mask)
@@ -208,8 +207,9 @@ def compute_policy_loss_kl_cov(
     max(1, ⌊``kl_cov_ratio``·n_valid⌋) valid tokens with the largest centred covariance
     (A − mean A)·(logp − mean logp). Extra metric ``pg_klcov_frac``: share of valid tokens penalised.
     """
-    cov_ratio = _policy_loss_option(config, "kl_cov_ratio", 2e-4)
-    kl_coef = _policy_loss_option(config, "ppo_kl_coef", 0.1)
+    config = ActorConfig.from_config(config)
+    cov_ratio = config.policy_loss.kl_cov_ratio
+    kl_coef = config.policy_loss.ppo_kl_coef
     valid = response_mask.bool()
     loss = -advantages * _ratio(old_log_prob, log_prob)
     cov = torch.where(valid, _centred_cov(advantages, log_prob, response_mask), -torch.inf)
@@ -232,6 +232,7 @@ def compute_policy_loss_cispo(
     The ratio is clipped as a weight only, so every token keeps a gradient. pg_clipfrac: share of
     valid tokens whose ratio lies outside the clip range.
     """
+    config = ActorConfig.from_config(config)
     low, high = _clip_bounds(config)
     ratio = _ratio(old_log_prob, log_prob).detach()
     weight = ratio.clamp(1.0 - low, 1.0 + high)

@@ -4,23 +4,18 @@ Names are imported lazily so that light users of this package (the preprocessing
 ``local_files``) do not pay for importing torch.
 """
 
-import importlib
+from verl.utils.lazy import lazy_exports
 
 _EXPORTS = {
-    "DatasetError": "rl_dataset",
-    "RLHFDataset": "rl_dataset",
-    "SFTDataset": "sft_dataset",
-    "collate_fn": "rl_dataset",
-    "ResumableSampler": "sampler",
-    "StatefulDataLoader": "sampler",
-    "create_rl_sampler": "sampler",
-    "make_dataloader": "sampler",
+    "DatasetError": ".rl_dataset",
+    "RLHFDataset": ".rl_dataset",
+    "SFTDataset": ".sft_dataset",
+    "collate_fn": ".rl_dataset",
+    "ResumableSampler": ".sampler",
+    "StatefulDataLoader": ".sampler",
+    "create_rl_sampler": ".sampler",
+    "make_dataloader": ".sampler",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

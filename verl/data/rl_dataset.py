@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from verl.utils.config import config_get
+from verl.trainer.config.config import DataConfig
 
 logger = logging.getLogger("verl.dataset")
 
@@ -112,13 +112,12 @@ def truncate_prompt(ids: list[int], max_length: int, mode: str) -> list[int]:
 class RLHFDataset(Dataset):
     """Chat prompts from one or more parquet files, ready for rollout.
 
-    ``config`` is the ``data`` section (DictConfig, dict or attribute object). Keys read, with defaults:
-    prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512, truncation="error",
-    filter_overlong_prompts=False, return_raw_chat=True, return_full_prompt=False, max_samples=-1,
-    shuffle=True and seed=1 (which rows ``max_samples`` picks), apply_chat_template_kwargs={}.
+    ``config`` is the ``data`` section (a `DataConfig`, or a dict / OmegaConf node of its keys; the keys it
+    lacks keep ppo_trainer.yaml's defaults). ``max_samples`` >= 0 keeps that many rows (drawn with
+    ``data.seed`` when ``data.shuffle``, else the first ones); -1 keeps all.
     """
 
-    def __init__(self, data_files, tokenizer, config=None, processor=None):
+    def __init__(self, data_files, tokenizer, config=None, processor=None, max_samples: int = -1):
         if processor is not None:
             raise ValueError("RLHFDataset reads text prompts only (no image or video inputs); "
                              "load the model without a multimodal processor (processor=None).")
@@ -128,14 +127,12 @@ class RLHFDataset(Dataset):
         if not self.data_files:
             raise DatasetError("no data files given; set data.train_files / data.val_files.")
         self.tokenizer = tokenizer
-        self.prompt_key = config_get(config, "prompt_key", "prompt")
-        self.reward_fn_key = config_get(config, "reward_fn_key", "data_source")
-        self.max_prompt_length = int(config_get(config, "max_prompt_length", 512))
-        self.truncation = config_get(config, "truncation", "error")
-        self.filter_overlong_prompts = bool(config_get(config, "filter_overlong_prompts", False))
-        self.return_raw_chat = bool(config_get(config, "return_raw_chat", True))
-        self.return_full_prompt = bool(config_get(config, "return_full_prompt", False))
-        self.chat_template_kwargs = _plain(config_get(config, "apply_chat_template_kwargs", {}))
+        config = DataConfig.from_config(config)
+        self.prompt_key, self.reward_fn_key = config.prompt_key, config.reward_fn_key
+        self.max_prompt_length, self.truncation = int(config.max_prompt_length), config.truncation
+        self.filter_overlong_prompts = config.filter_overlong_prompts
+        self.return_raw_chat, self.return_full_prompt = config.return_raw_chat, config.return_full_prompt
+        self.chat_template_kwargs = _plain(config.apply_chat_template_kwargs)
         if self.truncation not in TRUNCATION_MODES:
             raise DatasetError(f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}.")
         self.pad_token_id = self._pad_token_id(tokenizer)
@@ -143,11 +140,7 @@ class RLHFDataset(Dataset):
 
         self._tables = [self._load(path) for path in self.data_files]
         self._file_starts = np.cumsum([0] + [t.num_rows for t in self._tables])
-        self._rows = self._select_rows(
-            int(config_get(config, "max_samples", -1)),
-            bool(config_get(config, "shuffle", True)),
-            int(config_get(config, "seed", 1)),
-        )
+        self._rows = self._select_rows(int(max_samples), config.shuffle, int(config.seed))
         self._tokenize_all()
         self._apply_length_limit()
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from verl.utils.config import config_get
 from verl.data.rl_dataset import collate_fn
+from verl.trainer.config.config import DataConfig
 
 
 class ResumableSampler(Sampler[int]):
@@ -61,12 +61,10 @@ class ResumableSampler(Sampler[int]):
 
 
 def create_rl_sampler(data_config, dataset: Dataset) -> ResumableSampler:
-    """The training sampler: shuffled per epoch when ``data.shuffle`` (default true), seed ``data.seed`` (1)."""
-    return ResumableSampler(
-        len(dataset),
-        shuffle=bool(config_get(data_config, "shuffle", True)),
-        seed=int(config_get(data_config, "seed", 1)),
-    )
+    """The training sampler: shuffled per epoch when ``data.shuffle``, with seed ``data.seed`` (``data_config``:
+    a `DataConfig`, or a dict of its keys)."""
+    data_config = DataConfig.from_config(data_config)
+    return ResumableSampler(len(dataset), shuffle=data_config.shuffle, seed=int(data_config.seed))
 
 
 class StatefulDataLoader(DataLoader):

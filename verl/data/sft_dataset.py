@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.utils.config import config_get
 from verl.data.rl_dataset import (
     DatasetError,
     _chat_messages,
@@ -35,6 +34,7 @@ from verl.data.rl_dataset import (
     _read_parquet,
     _short_repr,
 )
+from verl.trainer.config.config import SFTDataConfig
 
 logger = logging.getLogger("verl.dataset")
 
@@ -44,10 +44,8 @@ TRUNCATION_MODES = ("error", "left", "right")
 class SFTDataset(Dataset):
     """Tokenized SFT examples from one or more parquet files.
 
-    ``config`` is the ``data`` section (DictConfig, dict or attribute object). Keys read, with defaults:
-    prompt_key="question", response_key="answer", prompt_dict_keys=None, response_dict_keys=None,
-    multiturn.enable=False, multiturn.messages_key="messages", max_length=1024, truncation="error",
-    apply_chat_template_kwargs={}.
+    ``config`` is the ``data`` section of sft_trainer.yaml (an `SFTDataConfig`, or a dict / OmegaConf node of
+    its keys; the keys it lacks keep the yaml's defaults).
     """
 
     def __init__(self, parquet_files, tokenizer, config=None):
@@ -57,15 +55,13 @@ class SFTDataset(Dataset):
         if not self.files:
             raise DatasetError("no data files given; set data.train_files / data.val_files.")
         self.tokenizer = tokenizer
-        self.multiturn = bool(config_get(config, "multiturn.enable", False))
-        self.messages_key = str(config_get(config, "multiturn.messages_key", "messages"))
-        self.prompt_key = str(config_get(config, "prompt_key", "question"))
-        self.response_key = str(config_get(config, "response_key", "answer"))
-        self.prompt_dict_keys = [str(k) for k in config_get(config, "prompt_dict_keys", None) or []]
-        self.response_dict_keys = [str(k) for k in config_get(config, "response_dict_keys", None) or []]
-        self.max_length = int(config_get(config, "max_length", 1024))
-        self.truncation = str(config_get(config, "truncation", "error"))
-        self.template_kwargs = _plain(config_get(config, "apply_chat_template_kwargs", {})) or {}
+        config = SFTDataConfig.from_config(config)
+        self.multiturn, self.messages_key = config.multiturn.enable, config.multiturn.messages_key
+        self.prompt_key, self.response_key = str(config.prompt_key), str(config.response_key)
+        self.prompt_dict_keys = [str(k) for k in config.prompt_dict_keys or []]
+        self.response_dict_keys = [str(k) for k in config.response_dict_keys or []]
+        self.max_length, self.truncation = int(config.max_length), str(config.truncation)
+        self.template_kwargs = _plain(config.apply_chat_template_kwargs) or {}
         if self.truncation not in TRUNCATION_MODES:
             raise DatasetError(f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}.")
         if tokenizer.eos_token_id is None:

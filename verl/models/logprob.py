@@ -20,7 +20,6 @@ from torch.utils.checkpoint import checkpoint
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-
 KERNELS = ("auto", "torch", "triton")
 
 

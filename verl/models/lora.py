@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verl.workers.config.model import ModelConfig
+
 ADAPTER_NAME = "default"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -41,8 +43,8 @@ class LoraSettings:
     """The LoRA keys of one model section (``actor_rollout_ref.model`` or ``critic.model``)."""
 
     rank: int
-    alpha: float = 16
-    target_modules: str | list[str] = "all-linear"
+    alpha: float = ModelConfig.lora_alpha
+    target_modules: str | list[str] = ModelConfig.target_modules
     exclude_modules: list[str] | None = None
     adapter_path: str | None = None
     section: str = "actor_rollout_ref.model"
@@ -50,24 +52,23 @@ class LoraSettings:
 
     @classmethod
     def from_config(cls, model_config, section: str) -> LoraSettings | None:
-        """None when ``lora_rank`` is 0/unset and no adapter is given; errors name ``section``'s keys."""
-        from verl.utils.config import config_get
-
-        rank = int(config_get(model_config, "lora_rank", 0) or 0)
-        adapter = config_get(model_config, "lora_adapter_path")
+        """None when ``lora_rank`` is 0 and no adapter is given; errors name ``section``'s keys.
+        ``model_config``: a `ModelConfig` (or a dict of its keys)."""
+        model_config = ModelConfig.from_config(model_config)
+        rank, adapter = int(model_config.lora_rank or 0), model_config.lora_adapter_path
         if rank < 0:
             raise ValueError(f"{section}.lora_rank={rank}: must be 0 (full fine-tuning) or a positive rank")
         if rank == 0 and not adapter:
             return None
-        targets = config_get(model_config, "target_modules", "all-linear")
+        targets = model_config.target_modules
         if targets is None or (not isinstance(targets, str) and not list(targets)):
             raise ValueError(f"{section}.target_modules is empty: give 'all-linear' or a list of module names "
                              "such as [q_proj,k_proj,v_proj,o_proj]")
         targets = targets if isinstance(targets, str) else [str(t) for t in targets]
-        exclude = config_get(model_config, "exclude_modules")
+        exclude = model_config.exclude_modules
         exclude = None if exclude in (None, "", []) else ([exclude] if isinstance(exclude, str) else
                                                           [str(e) for e in exclude])
-        alpha = config_get(model_config, "lora_alpha", 16)
+        alpha = model_config.lora_alpha
         if alpha is None or float(alpha) <= 0:
             raise ValueError(f"{section}.lora_alpha={alpha}: must be positive (the adapter is scaled by "
                              "lora_alpha / lora_rank)")
@@ -156,10 +157,6 @@ def _inject(model: torch.nn.Module, settings: LoraSettings, value_head: bool) ->
                          f"(target_modules={settings.target_modules!r}, exclude_modules={settings.exclude_modules!r})")
     for name, param in model.named_parameters():
         param.requires_grad = "lora_" in name or (value_head and name.split(".")[0] in VALUE_HEADS)
-
-
-def has_lora(model: torch.nn.Module) -> bool:
-    return any(_is_lora_layer(m) for m in model.modules())
 
 
 def _is_lora_layer(module: torch.nn.Module) -> bool:

@@ -14,10 +14,17 @@ import os
 import sys
 from typing import Any, Callable
 
-from verl.utils.config import config_get
 from verl.rewards.managers import get_reward_manager_cls
+from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig
+from verl.workers.config.reward_model import RewardModelConfig
 
 __all__ = ["get_custom_reward_fn", "load_reward_manager"]
+
+
+def _sections(config) -> tuple[CustomRewardFunctionConfig, RewardModelConfig, DataConfig]:
+    """The typed sections the reward reads, from the whole trainer config (a section it lacks: the yaml's)."""
+    return (CustomRewardFunctionConfig.from_config(config.get("custom_reward_function")),
+            RewardModelConfig.from_config(config.get("reward_model")), DataConfig.from_config(config.get("data")))
 
 
 def _to_plain(value: Any) -> Any:
@@ -77,19 +84,19 @@ def get_custom_reward_fn(config) -> Callable | None:
     ``(data_source, solution_str, ground_truth, extra_info)`` for ``naive``/``dapo``, lists
     ``(data_sources, solution_strs, ground_truths, extra_infos)`` for ``batch``.
     """
-    path = config_get(config, "custom_reward_function.path")
-    reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {}) or {}))
+    custom, reward_model, _ = _sections(config)
+    path, reward_kwargs = custom.path, dict(_to_plain(custom.reward_kwargs) or {})
     if not path:
         if not reward_kwargs:
             return None
         # No file: the keyword arguments go to the rule rewards (e.g. normalize=True for gsm8k and MATH).
         from verl.rewards.scorers import default_compute_score
 
-        if config_get(config, "reward_model.reward_manager", "naive") == "batch":
+        if reward_model.reward_manager == "batch":
             raise ValueError("custom_reward_function.reward_kwargs without custom_reward_function.path go to the "
                              "rule rewards, which score one sample at a time; use reward_model.reward_manager=naive")
         return functools.partial(default_compute_score, **reward_kwargs)
-    name = config_get(config, "custom_reward_function.name", "compute_score")
+    name = custom.name
 
     module = _load_module(path)
     fn = getattr(module, name, None)
@@ -99,23 +106,23 @@ def get_custom_reward_fn(config) -> Callable | None:
         raise AttributeError(f"custom_reward_function.name={name!r} is not a function defined in {path}. "
                              f"Functions defined there: {defined}")
 
-    manager_cls = get_reward_manager_cls(config_get(config, "reward_model.reward_manager", "naive"))
+    manager_cls = get_reward_manager_cls(reward_model.reward_manager)
     _check_signature(fn, name, path, manager_cls.compute_score_params, reward_kwargs)
     return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
 
 
 def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
-    """Build the reward manager selected by ``reward_model.reward_manager`` (default ``naive``).
+    """Build the reward manager selected by ``reward_model.reward_manager``.
 
     ``reward_kwargs`` go to the manager, which forwards the ones it does not use to every scoring
     call (the original CLI passes ``reward_model.reward_kwargs`` here).
     """
-    name = config_get(config, "reward_model.reward_manager", "naive")
-    manager_cls = get_reward_manager_cls(name)
-    kwargs = {"reward_fn_key": config_get(config, "data.reward_fn_key", "data_source")}
-    if name == "dapo":
-        kwargs["max_resp_len"] = config_get(config, "data.max_response_length")
-        kwargs["overlong_buffer_cfg"] = config_get(config, "reward_model.overlong_buffer")
+    _, reward_model, data = _sections(config)
+    manager_cls = get_reward_manager_cls(reward_model.reward_manager)
+    kwargs = {"reward_fn_key": data.reward_fn_key}
+    if reward_model.reward_manager == "dapo":
+        kwargs["max_resp_len"] = data.max_response_length
+        kwargs["overlong_buffer_cfg"] = reward_model.overlong_buffer
     kwargs.update(reward_kwargs)
     # None lets each manager pick its default (the rule rewards; the batch manager requires a function).
     return manager_cls(tokenizer=tokenizer, num_examine=num_examine,
@@ -126,16 +133,21 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     """Before any worker starts: every row a rule reward will score has a ``data_source`` with a
     registered scorer and a ``reward_model.ground_truth``. Skipped with a reward model or a custom reward
     function (they decide what they need). Raises ``DatasetError`` naming the file, the row and the fix."""
-    if config_get(config, "reward_model.enable", False) or config_get(config, "custom_reward_function.path"):
+    custom, reward_model, data = _sections(config)
+    if reward_model.enable or custom.path:
         return
     from verl.data import DatasetError
-    from verl.rewards.scorers import find_scorer, registered_data_sources, rejected_kwargs
+    from verl.rewards.scorers import (
+        find_scorer,
+        registered_data_sources,
+        rejected_kwargs,
+    )
     from verl.sandbox.process import SandboxUnavailable, isolation
 
     known = registered_data_sources()
-    reward_kwargs = dict(_to_plain(config_get(config, "custom_reward_function.reward_kwargs", {}) or {}))
+    reward_kwargs = dict(_to_plain(custom.reward_kwargs) or {})
     checked_sources, sandbox_checked = set(), set()
-    source_key = config_get(config, "data.reward_fn_key", "data_source")
+    source_key = data.reward_fn_key
     problems = []
     sources = dataset.column_values(source_key)
     truths = dataset.column_values("reward_model")

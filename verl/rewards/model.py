@@ -28,7 +28,7 @@ from verl.models.loader import (
 from verl.models.logprob import call_as_forward
 from verl.models.packed import pack
 from verl.protocol import DataProto
-from verl.workers.actor import map_micro_batches
+from verl.utils.seqlen_balancing import map_micro_batches
 
 __all__ = ["compute_rm_scores", "load_reward_model", "place_scores", "retokenize_for_reward_model", "same_tokenizer",
            "sequence_scores"]
@@ -39,7 +39,9 @@ def load_reward_model(path: str, *, dtype: torch.dtype | str = torch.float32, tr
     """An ``AutoModelForSequenceClassification`` with one label (dropout off) from ``path``; ``remove_padding``
     as in :func:`~verl.models.loader.load_causal_lm`."""
     from transformers import AutoModelForSequenceClassification
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
     config = load_hf_config(path, trust_remote_code=trust_remote_code, config_key=config_key)
     _check_supported(config, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "AutoModelForSequenceClassification",

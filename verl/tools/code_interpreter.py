@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from verl.tools.base import BaseTool
 from verl.sandbox.process import SandboxLimits, run_python
+from verl.tools.base import BaseTool
 
 SCHEMA = {
     "type": "function",

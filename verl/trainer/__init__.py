@@ -6,39 +6,15 @@ The names below are imported on first use, so importing this package (as every
 ``python -m verl.trainer.<entry point>`` does) stays cheap.
 """
 
-import importlib
+from verl.utils.lazy import lazy_exports
 
-__all__ = [
-    "ActorConfig",
-    "ActorRolloutRefConfig",
-    "CriticConfig",
-    "CustomRewardFunctionConfig",
-    "DataConfig",
-    "FSDPConfig",
-    "KLControlConfig",
-    "ModelConfig",
-    "OptimConfig",
-    "PPOAlgorithmConfig",
-    "PPOTrainer",
-    "PolicyLossConfig",
-    "RefConfig",
-    "RewardModelConfig",
-    "RolloutConfig",
-    "TrainerConfig",
-    "build_ppo_config",
-]
-# Where each name lives; the config classes are in verl.trainer.config.objects.
-_EXPORTS = {name: "verl.trainer.config.objects" for name in __all__}
-_EXPORTS.update(PPOTrainer="verl.trainer.api", build_ppo_config="verl.trainer.api")
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+# Where each name lives: the workers' sections in verl.workers.config, the trainer's in verl.trainer.config.
+_TRAINER_SECTIONS = ("CustomRewardFunctionConfig", "DataConfig", "KLControlConfig", "PPOAlgorithmConfig",
+                     "TrainerConfig")
+_WORKER_SECTIONS = ("ActorConfig", "ActorRolloutRefConfig", "CriticConfig", "FSDPConfig", "ModelConfig", "OptimConfig",
+                    "PolicyLossConfig", "RefConfig", "RewardModelConfig", "RolloutConfig")
+_EXPORTS = {**{name: "verl.trainer.config" for name in _TRAINER_SECTIONS},
+            **{name: "verl.workers.config" for name in _WORKER_SECTIONS},
+            "PPOTrainer": "verl.trainer.api", "build_ppo_config": "verl.trainer.api"}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -12,22 +12,24 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from verl.base_config import BaseConfig, flatten, plain_value
 from verl.trainer.config import PPO_CONFIG_NAME, ConfigError
-from verl.trainer.config.compose import closest_key, compose_ppo_config, default_ppo_values, dotted_keys
-from verl.trainer.config.objects import (
+from verl.trainer.config.algorithm import PPOAlgorithmConfig
+from verl.trainer.config.compose import closest_key, compose_ppo_config, dotted_keys
+from verl.trainer.config.config import (
+    CustomRewardFunctionConfig,
+    DataConfig,
+    TrainerConfig,
+)
+from verl.trainer.config.spec import need_critic
+from verl.workers.config import (
     ActorConfig,
     ActorRolloutRefConfig,
     CriticConfig,
-    CustomRewardFunctionConfig,
-    DataConfig,
     ModelConfig,
-    PPOAlgorithmConfig,
     RefConfig,
     RewardModelConfig,
     RolloutConfig,
-    TrainerConfig,
-    flatten,
-    plain_value,
 )
 
 __all__ = ["PPOTrainer", "build_ppo_config"]
@@ -133,8 +135,7 @@ class PPOTrainer:
     def __repr__(self) -> str:
         get = self._get
         estimator = get("algorithm.adv_estimator")
-        enable = get("critic.enable")
-        uses_critic = bool(enable) if enable is not None else estimator == "gae"
+        uses_critic = need_critic(get("critic.enable"), estimator)
         parts = [
             f"model={get('actor_rollout_ref.model.path')!r}",
             f"algorithm={estimator!r}",
@@ -158,12 +159,12 @@ class PPOTrainer:
 def _check_rollout_engine(config: DictConfig) -> None:
     """An engine this verl does not ship can never work: say so now, with the engine to use instead."""
     name = OmegaConf.select(config, _ENGINE_KEY, default=None)
-    if name is None or name == default_ppo_values()["actor_rollout_ref"]["rollout"]["name"]:
-        return  # the default engine is always shipped; looking it up would import transformers
-    from verl.workers.rollout import get_rollout_class
+    if name is None:
+        return
+    from verl.workers.rollout.registry import check_rollout_name
 
     try:
-        get_rollout_class(name)
+        check_rollout_name(name)
     except ValueError as e:
         raise ConfigError("Invalid configuration:", [
             f"{_ENGINE_KEY}: {e} (in Python: RolloutConfig(name=...) inside ActorRolloutRefConfig)"
@@ -225,7 +226,7 @@ def _section_sources(sections: Mapping[str, Any]) -> list[Source]:
         cls = SECTIONS[name]
         if isinstance(value, cls):
             items = value.to_overrides(name)
-        elif isinstance(value, Mapping):
+        elif isinstance(value, Mapping) and not isinstance(value, BaseConfig):
             items = dict(flatten(name, value))
         else:
             hint = ""

@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config import ConfigError, batch_checks, checks, lora_checks, multi_turn_checks, unused_keys
+from verl.trainer.config import (
+    ConfigError,
+    batch_checks,
+    checks,
+    lora_checks,
+    multi_turn_checks,
+    unused_keys,
+)
 from verl.trainer.config.checks import Issue, Run, check_types
 from verl.trainer.config.compose import compose_ppo_config, default_ppo_values
 

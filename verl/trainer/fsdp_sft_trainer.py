@@ -193,9 +193,9 @@ class FSDPSFTTrainer:
     def __init__(self, config: DictConfig, tokenizer, train_dataset, val_dataset=None):
         from torch.utils.data import DataLoader
 
-        from verl.models import load_causal_lm
         from verl.data.rl_dataset import DatasetError, collate_fn
         from verl.data.sampler import ResumableSampler, make_dataloader
+        from verl.models import load_causal_lm
         from verl.workers.engine import FSDPEngine
 
         self.config, self.tokenizer = config, tokenizer
@@ -332,8 +332,8 @@ class FSDPSFTTrainer:
 # ------------------------------------------------------------------------------------------------ entry point
 def run_sft(config: DictConfig) -> dict:
     """Build the tokenizer, datasets and trainer of a validated config and train; the process group is up."""
-    from verl.models import load_tokenizer
     from verl.data.sft_dataset import SFTDataset
+    from verl.models import load_tokenizer
 
     model = config.model
     if model.external_lib:

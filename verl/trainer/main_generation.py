@@ -21,7 +21,6 @@ import sys
 from omegaconf import OmegaConf
 
 from verl.trainer.config_validation import ConfigError
-from verl.utils.config import config_get
 
 GENERATION_CONFIG = "generation"
 
@@ -93,10 +92,10 @@ def generate(config) -> str:
     import pandas as pd
     from torch.utils.data import DataLoader
 
+    from verl.data import RLHFDataset, collate_fn
     from verl.models import load_tokenizer
     from verl.protocol import DataProto
     from verl.single_controller import ClassWithInitArgs
-    from verl.data import RLHFDataset, collate_fn
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     check_generation_config(config)
@@ -117,7 +116,11 @@ def generate(config) -> str:
 
         pool = None
     else:
-        from verl.single_controller.ray import ResourcePool, create_colocated_worker_groups, init_ray
+        from verl.single_controller.ray import (
+            ResourcePool,
+            create_colocated_worker_groups,
+            init_ray,
+        )
 
         init_ray(ppo.ray_kwargs, device=trainer.device)
         pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda",
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, WorkerError) as err:
         print(f"main_generation stopped: {err}", file=sys.stderr)
         return 1
-    print(f"[main_generation] wrote {output} ({config_get(config, 'data.n_samples')} responses per prompt)")
+    print(f"[main_generation] wrote {output} ({config.data.n_samples} responses per prompt)")
     return 0
 
 

@@ -12,34 +12,33 @@ import errno
 import os
 import sys
 
-from omegaconf import OmegaConf
-
-from verl.trainer.config_validation import ConfigError, compose_ppo_config, validate_config
+from verl.trainer.config_validation import (
+    ConfigError,
+    compose_ppo_config,
+    validate_config,
+)
 from verl.trainer.preflight import preflight
 from verl.utils.logging_utils import configure_logging
 
 
-def _dataset(files, tokenizer, data_config, max_samples: int, shuffle: bool):
-    from verl.data import RLHFDataset
-
-    config = {**OmegaConf.to_container(data_config, resolve=True), "max_samples": max_samples, "shuffle": shuffle}
-    return RLHFDataset(files, tokenizer, config)
-
-
 def run_ppo(config) -> dict:
     """Run a validated config to the end; returns the last step's metrics."""
+    import dataclasses
+
+    from verl.data import RLHFDataset
     from verl.models import load_tokenizer
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.rewards.loading import check_rule_reward_rows, load_reward_manager
+    from verl.trainer.config.config import DataConfig
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.config import ModelConfig
 
     configure_logging()
-    model = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model.get("tokenizer_path") or model.path, trust_remote_code=model.trust_remote_code,
-                               chat_template=model.get("custom_chat_template"))
-    data = config.data
-    train_dataset = _dataset(data.train_files, tokenizer, data, data.train_max_samples, data.shuffle)
-    val_dataset = (_dataset(data.val_files, tokenizer, data, data.val_max_samples, data.validation_shuffle)
-                   if data.val_files else None)
+    model, data = ModelConfig.from_config(config.actor_rollout_ref.model), DataConfig.from_config(config.data)
+    tokenizer = load_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code,
+                               chat_template=model.custom_chat_template)
+    train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
+    val_dataset = (RLHFDataset(data.val_files, tokenizer, dataclasses.replace(data, shuffle=data.validation_shuffle),
+                               max_samples=data.val_max_samples) if data.val_files else None)
     check_rule_reward_rows(train_dataset, config, "data.train_files")
     if val_dataset is not None:
         check_rule_reward_rows(val_dataset, config, "data.val_files")
@@ -62,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
+    from verl.data import DatasetError
     from verl.single_controller import WorkerError
     from verl.trainer.ppo.ray_trainer import DynamicSamplingError
-    from verl.data import DatasetError
 
     try:
         run_ppo(config)

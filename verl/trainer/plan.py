@@ -31,6 +31,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from verl.trainer.config.spec import RunSpec, resolve_run
+from verl.workers.config import ModelConfig
+from verl.workers.config.batching import Batching, policy_phase
+
 GIB = 2 ** 30
 LOGPROB_CHUNK = 1024  # rows of logits alive at once (verl.models.logprob)
 COMPUTE_BYTES = 2  # bf16 compute copies (fsdp_config.mixed_precision.param_dtype's default)
@@ -165,77 +169,64 @@ class Plan:
         return "\n".join(lines)
 
 
-def _get(config, key, default=None):
-    from verl.utils.config import config_get
-
-    return config_get(config, key, default)
-
-
-def _micro_tokens(config, section: str, dynamic_key: str, token_key: str, rows_key: str, remove_padding: bool,
-                  max_len: int, per_rank_rows: int, n_gpus: int = 1) -> tuple[int, str]:
+def _micro_tokens(batching: Batching, section: str, token_key: str, rows_key: str, max_len: int,
+                  per_rank_rows: int) -> tuple[int, str]:
     """Tokens of the largest micro-batch of a phase and how that was decided."""
-    from verl.utils.config import uses_token_budget
-
-    if uses_token_budget(_get(config, f"{section}.{dynamic_key}"), remove_padding):
-        budget = int(_get(config, f"{section}.{token_key}"))
+    if batching.max_token_len is not None:
+        budget = batching.max_token_len
         whole = per_rank_rows * max_len  # a micro-batch never holds more than its mini-batch
         if whole < budget:
             return max(whole, max_len), f"the whole mini-batch ({per_rank_rows} x {max_len} tokens) is under " \
                                         f"{section}.{token_key}={budget}"
         return max(budget, max_len), f"{section}.{token_key}={budget}"
-    rows = _get(config, f"{section}.{rows_key}_per_gpu")
-    if rows is None and _get(config, f"{section}.{rows_key}") is not None:  # the deprecated global key
-        rows = max(int(_get(config, f"{section}.{rows_key}")) // n_gpus, 1)
-    rows = rows or per_rank_rows
-    return min(int(rows), per_rank_rows) * max_len, f"{section}.{rows_key}_per_gpu={rows} x {max_len} tokens"
+    rows = batching.micro_batch_size
+    return min(rows, per_rank_rows) * max_len, f"{section}.{rows_key}_per_gpu={rows} x {max_len} tokens"
 
 
 def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, ModelShape] | None = None) -> Plan:
-    """The estimate for a composed ``ppo_trainer`` config. ``shapes`` (``actor``, ``critic``) skips
-    reading the model folders (tests)."""
+    """The estimate for a composed ``ppo_trainer`` config or its `RunSpec` (an unset gradient checkpointing
+    counts as on). ``shapes`` (``actor``, ``critic``) skips reading the model folders (tests)."""
+    spec = config if isinstance(config, RunSpec) else resolve_run(config, choose_checkpointing=False)
     ar = "actor_rollout_ref"
+    policy, model, trainer = spec.actor_rollout_ref, spec.actor_rollout_ref.model, spec.trainer
     shapes = dict(shapes or {})
     if "actor" not in shapes:
-        shapes["actor"] = model_shape(_get(config, f"{ar}.model.path"), config_key=f"{ar}.model.path",
-                                      trust_remote_code=bool(_get(config, f"{ar}.model.trust_remote_code", False)),
-                                      override_config=_get(config, f"{ar}.model.override_config"))
+        shapes["actor"] = model_shape(model.path, config_key=f"{ar}.model.path",
+                                      trust_remote_code=model.trust_remote_code, override_config=model.override_config)
     actor = shapes["actor"]
-    n_gpus = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
-    n = int(_get(config, f"{ar}.rollout.n", 1))
-    max_len = int(_get(config, "data.max_prompt_length", 512)) + int(_get(config, "data.max_response_length", 512))
-    rows = int(_get(config, "data.train_batch_size")) * n // n_gpus
-    mini_rows = int(_get(config, f"{ar}.actor.ppo_mini_batch_size")) * n // n_gpus
+    n_gpus = spec.world_size("actor_rollout")
+    n = policy.rollout.n
+    max_len = spec.data.max_prompt_length + spec.data.max_response_length
+    rows = spec.data.train_batch_size * n // n_gpus
+    mini_rows = policy.actor.ppo_mini_batch_size * n // n_gpus
     plan = Plan(device_bytes=device_bytes)
-    on_cuda = str(_get(config, "trainer.device", "cuda")) == "cuda"
+    on_cuda = trainer.device == "cuda"
 
-    def trained(shape: ModelShape, section: str, model_section: str, fsdp: str, logits: bool, tokens: int, why: str):
-        opt_offload = bool(_get(config, f"{fsdp}.optimizer_offload", False))
-        plan.notes.append(f"{section} micro-batch: {why}" + ("; optimizer offloaded to CPU" if opt_offload else ""))
-        adapter = _lora_params(config, model_section, value_head=not logits)
+    def trained(shape: ModelShape, section: str, model_section: str, model_config, role, fsdp, logits: bool,
+                tokens: int, why: str):
+        offloaded = "; optimizer offloaded to CPU" if fsdp.optimizer_offload else ""
+        plan.notes.append(f"{section} micro-batch: {why}{offloaded}")
+        adapter = _lora_params(model_config, model_section, value_head=not logits)
         if adapter is not None:
             plan.notes.append(f"{model_section}: LoRA, {adapter:,} trainable parameters")
         return training_components(
-            shape, tokens, checkpointing=bool(_get(config, f"{model_section}.enable_gradient_checkpointing", True)),
-            compiled=bool(_get(config, f"{section}.use_torch_compile", False)) and on_cuda, logits=logits,
-            n_gpus=n_gpus, master_bytes=_DTYPE_BYTES.get(str(_get(config, f"{fsdp}.model_dtype", "fp32")), 4),
-            optimizer_on_gpu=not opt_offload, trainable=adapter)
+            shape, tokens, checkpointing=model_config.enable_gradient_checkpointing is not False,
+            compiled=role.use_torch_compile and on_cuda, logits=logits, n_gpus=n_gpus,
+            master_bytes=_DTYPE_BYTES.get(str(fsdp.model_dtype), 4), optimizer_on_gpu=not fsdp.optimizer_offload,
+            trainable=adapter)
 
-    remove_padding = bool(_get(config, f"{ar}.model.use_remove_padding", False))
-    tokens, why = _micro_tokens(config, f"{ar}.actor", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
-                                "ppo_micro_batch_size", remove_padding, max_len, mini_rows, n_gpus)
-    plan.components["actor"] = trained(actor, f"{ar}.actor", f"{ar}.model", f"{ar}.actor.fsdp_config", True,
-                                       tokens, why)
+    tokens, why = _micro_tokens(policy_phase(policy, "update", n_gpus), f"{ar}.actor", "ppo_max_token_len_per_gpu",
+                                "ppo_micro_batch_size", max_len, mini_rows)
+    plan.components["actor"] = trained(actor, f"{ar}.actor", f"{ar}.model", model, policy.actor,
+                                       policy.actor.fsdp_config, True, tokens, why)
     resident = {"actor": sum(v for k, v in plan.components["actor"].items()
                              if k.startswith(("weights", "optimizer")))}
 
-    uses_ref = bool(_get(config, f"{ar}.actor.use_kl_loss", False)) or bool(
-        _get(config, "algorithm.use_kl_in_reward", False))
-    if uses_ref:
-        lp_tokens, _ = _micro_tokens(config, f"{ar}.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-                                     "log_prob_micro_batch_size", remove_padding, max_len, rows, n_gpus)
+    if spec.use_reference_policy:
+        lp_tokens, _ = _micro_tokens(policy_phase(policy, "ref_log_prob", n_gpus), f"{ar}.ref",
+                                     "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size", max_len, rows)
         # With LoRA the reference is the actor with its adapter off: no weights of its own.
-        offload = bool(_get(config, f"{ar}.ref.fsdp_config.param_offload", False)) or \
-            _uses_lora(config, f"{ar}.model")
+        offload = policy.ref.fsdp_config.param_offload or _uses_lora(model)
         plan.components["reference"] = {
             "weights (bf16, sharded)": 0 if offload else COMPUTE_BYTES * actor.params // n_gpus,
             f"forward ({lp_tokens} tokens)": actor.forward_bytes(lp_tokens)
@@ -243,26 +234,22 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
         }
         resident["reference"] = plan.components["reference"]["weights (bf16, sharded)"]
 
-    if _uses_critic(config):
+    if spec.use_critic:
+        critic = spec.critic
         if "critic" not in shapes:
-            shapes["critic"] = model_shape(
-                _get(config, "critic.model.path"), config_key="critic.model.path", value_head=True,
-                trust_remote_code=bool(_get(config, "critic.model.trust_remote_code", False)))
-        critic_rp = bool(_get(config, "critic.model.use_remove_padding", False))
-        c_mini = int(_get(config, "critic.ppo_mini_batch_size") or _get(config, f"{ar}.actor.ppo_mini_batch_size")) * n
-        c_tokens, c_why = _micro_tokens(config, "critic", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
-                                        "ppo_micro_batch_size", critic_rp, max_len, c_mini // n_gpus,
-                                        n_gpus)
-        plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", "critic.model.fsdp_config",
-                                            False, c_tokens, c_why)
+            shapes["critic"] = model_shape(critic.model.path, config_key="critic.model.path", value_head=True,
+                                           trust_remote_code=critic.model.trust_remote_code)
+        c_tokens, c_why = _micro_tokens(spec.critic_batching.update, "critic", "ppo_max_token_len_per_gpu",
+                                        "ppo_micro_batch_size", max_len, critic.ppo_mini_batch_size * n // n_gpus)
+        plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", critic.model, critic,
+                                            critic.model.fsdp_config, False, c_tokens, c_why)
         resident["critic"] = sum(v for k, v in plan.components["critic"].items()
                                  if k.startswith(("weights", "optimizer")))
 
     # Generation: the actor's full bf16 weights (gathered), the KV cache and the sampler's logits.
-    max_seqs = int(_get(config, f"{ar}.rollout.max_num_seqs", 1024))
-    slots = max(1, min(rows, max_seqs))
+    slots = max(1, min(rows, policy.rollout.max_num_seqs))
     kv = slots * 2 * actor.layers * actor.kv_dim * max_len * COMPUTE_BYTES
-    util = float(_get(config, f"{ar}.rollout.gpu_memory_utilization", 0.5))
+    util = policy.rollout.gpu_memory_utilization
     rollout = {"weights (bf16, gathered)": COMPUTE_BYTES * actor.params,
                f"KV cache ({slots} sequences x {max_len} tokens)": kv,
                "sampling logits (fp32)": 4 * slots * actor.vocab * 4}
@@ -276,7 +263,7 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
 
     base = sum(resident.values())
     plan.phases["generation"] = base + sum(rollout.values())
-    if uses_ref:
+    if spec.use_reference_policy:
         plan.phases["reference log-probs"] = base + plan.components["reference"][next(
             k for k in plan.components["reference"] if k.startswith("forward"))]
     for role in ("actor", "critic"):
@@ -284,16 +271,18 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
             plan.phases[f"{role} update"] = base - resident[role] + sum(plan.components[role].values())
 
     if plan.fits is False:
-        for role, model_section, fsdp in (("actor", f"{ar}.model", f"{ar}.actor.fsdp_config"),
-                                          ("critic", "critic.model", "critic.model.fsdp_config")):
+        for role, model_section, model_config, fsdp in (
+                ("actor", f"{ar}.model", model, policy.actor.fsdp_config),
+                ("critic", "critic.model", spec.critic.model, spec.critic.model.fsdp_config)):
             if role in plan.components and f"{role} update" in plan.phases and \
                     plan.phases[f"{role} update"] > device_bytes:
                 section = f"{ar}.actor" if role == "actor" else "critic"
-                if not _get(config, f"{model_section}.enable_gradient_checkpointing", True):
+                fsdp_key = f"{ar}.actor.fsdp_config" if role == "actor" else "critic.model.fsdp_config"
+                if model_config.enable_gradient_checkpointing is False:
                     plan.advice.append(f"{model_section}.enable_gradient_checkpointing=true")
                 plan.advice.append(f"a smaller {section}.ppo_max_token_len_per_gpu (or micro batch)")
-                if not _get(config, f"{fsdp}.optimizer_offload", False):
-                    plan.advice.append(f"{fsdp}.optimizer_offload=true")
+                if not fsdp.optimizer_offload:
+                    plan.advice.append(f"{fsdp_key}.optimizer_offload=true")
         if plan.phases["generation"] > device_bytes:
             plan.advice.append(f"a smaller {ar}.rollout.max_num_seqs or gpu_memory_utilization")
         plan.advice.append("more GPUs (trainer.n_gpus_per_node / trainer.nnodes): weights, gradients and optimizer "
@@ -301,81 +290,53 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     return plan
 
 
-def _uses_lora(config, model_section: str) -> bool:
-    return bool(_get(config, f"{model_section}.lora_rank", 0) or _get(config, f"{model_section}.lora_adapter_path"))
+def _uses_lora(model_config: ModelConfig) -> bool:
+    return bool(model_config.lora_rank or model_config.lora_adapter_path)
 
 
-def _lora_params(config, model_section: str, *, value_head: bool) -> int | None:
-    """The trainable parameters of the LoRA adapter ``model_section`` configures (None without LoRA),
+def _lora_params(model_config: ModelConfig, model_section: str, *, value_head: bool) -> int | None:
+    """The trainable parameters of the LoRA adapter ``model_config`` configures (None without LoRA),
     counted by injecting it into the model built on the meta device."""
-    if not _uses_lora(config, model_section):
+    if not _uses_lora(model_config):
         return None
     from verl.models.loader import load_hf_config
     from verl.models.lora import LoraSettings, meta_model_with_adapter
 
-    section = {key: _get(config, f"{model_section}.{key}") for key in (
-        "lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")}
-    settings = LoraSettings.from_config(section, model_section)
-    hf_config = load_hf_config(_get(config, f"{model_section}.path"), config_key=f"{model_section}.path",
-                               trust_remote_code=bool(_get(config, f"{model_section}.trust_remote_code", False)))
+    settings = LoraSettings.from_config(model_config, model_section)
+    hf_config = load_hf_config(model_config.path, config_key=f"{model_section}.path",
+                               trust_remote_code=model_config.trust_remote_code)
     model = meta_model_with_adapter(hf_config, settings, value_head=value_head)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _uses_critic(config) -> bool:
-    enable = _get(config, "critic.enable")
-    return bool(enable) if enable is not None else str(_get(config, "algorithm.adv_estimator", "gae")) == "gae"
-
-
-def device_memory(config) -> int | None:
-    """Total memory of one GPU when this process can see one and the run uses CUDA, else None."""
+def device_memory(device: str) -> int | None:
+    """Total memory of one GPU when this process can see one and the run uses CUDA (``trainer.device``)."""
     import torch
 
-    if str(_get(config, "trainer.device", "cuda")) != "cuda" or not torch.cuda.is_available():
+    if device != "cuda" or not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(0).total_memory
 
 
-def resolve_gradient_checkpointing(config, log=print, device_bytes: int | None = None) -> None:
-    """Fill ``enable_gradient_checkpointing`` left unset (null) for the actor and critic: off when the
-    step is estimated to fit in 80% of the GPU without it (faster: no recomputation), else on; on when
-    the device size is unknown (CPU runs, a driver without a GPU). ``device_bytes`` overrides the
-    size of the GPU this process sees."""
-    sections = ["actor_rollout_ref.model"] + (["critic.model"] if _uses_critic(config) else [])
-    unset = [s for s in sections
-             if _get(config, s) is not None and _get(config, f"{s}.enable_gradient_checkpointing") is None]
+def resolve_gradient_checkpointing(spec: RunSpec, log=print, device_bytes: int | None = None) -> RunSpec:
+    """``spec`` with ``enable_gradient_checkpointing`` chosen where it is unset (null) for the actor and critic:
+    off when the step is estimated to fit in 80% of the GPU without it (faster: no recomputation), else on; on
+    when the device size is unknown (CPU runs, a driver without a GPU). ``device_bytes`` overrides the size
+    of the GPU this process sees."""
+    unset = spec.unset_checkpointing()
     if not unset:
-        return
-    device = device_bytes if device_bytes is not None else device_memory(config)
+        return spec
+    device = device_bytes if device_bytes is not None else device_memory(spec.trainer.device)
     choice = True
     if device is not None:
         try:
-            choice = plan_memory(_with_checkpointing(config, unset, False), device).peak > 0.8 * device
+            choice = plan_memory(spec.with_checkpointing(unset, False), device).peak > 0.8 * device
         except Exception as err:  # noqa: BLE001 -- an estimate that fails must not stop the run
             log(f"[plan] could not estimate memory ({type(err).__name__}: {err}); gradient checkpointing stays on")
-    _set_checkpointing(config, unset, choice)
     where = "no GPU visible to estimate with" if device is None else f"estimated peak vs {device / GIB:.0f} GiB"
     log(f"[plan] {', '.join(s + '.enable_gradient_checkpointing' for s in unset)} unset: "
         f"{'on' if choice else 'off'} ({where}); set it to true/false to choose")
-
-
-def _set_checkpointing(config, sections, value: bool) -> None:
-    from omegaconf import open_dict
-
-    with open_dict(config):
-        for section in sections:
-            node = config
-            for part in section.split("."):
-                node = node[part]
-            node["enable_gradient_checkpointing"] = value
-
-
-def _with_checkpointing(config, sections, value: bool):
-    import copy
-
-    trial = copy.deepcopy(config)
-    _set_checkpointing(trial, sections, value)
-    return trial
+    return spec.with_checkpointing(unset, choice)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 2
     try:
-        resolve_gradient_checkpointing(config)
-        plan = plan_memory(config, device_memory(config))
+        spec = resolve_run(config)
+        plan = plan_memory(spec, device_memory(spec.trainer.device))
     except (OSError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2

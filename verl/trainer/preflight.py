@@ -60,15 +60,14 @@ def _model_id_errors(config, joins_cluster: bool) -> list[str]:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     from verl.models.loader import looks_local
+    from verl.trainer.config.spec import need_critic
 
-    algorithm, critic = config.get("algorithm") or {}, config.get("critic") or {}
-    uses_critic = critic.get("enable") if critic.get("enable") is not None else algorithm.get("adv_estimator") == "gae"
-    actor_model = (config.get("actor_rollout_ref") or {}).get("model") or {}
     keys = list(ACTOR_MODEL_KEYS)
-    keys += ["critic.model.path", "critic.model.tokenizer_path"] if uses_critic else []
-    keys += ["reward_model.model.path"] if (config.get("reward_model") or {}).get("enable") else []
+    keys += ["critic.model.path", "critic.model.tokenizer_path"] if need_critic(
+        config.critic.enable, config.algorithm.adv_estimator) else []
+    keys += ["reward_model.model.path"] if config.reward_model.enable else []
     if joins_cluster:  # the driver's own load: the tokenizer (of tokenizer_path, else of the model)
-        keys = [ACTOR_MODEL_KEYS[1] if actor_model.get("tokenizer_path") else ACTOR_MODEL_KEYS[0]]
+        keys = [ACTOR_MODEL_KEYS[1] if config.actor_rollout_ref.model.tokenizer_path else ACTOR_MODEL_KEYS[0]]
     errors, reachable = [], None
     for key in keys:
         node = config
@@ -100,7 +99,7 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
     errors = []
     data = config.data
     for key in ("train_files", "val_files"):
-        files = data.get(key)
+        files = data[key]
         if not files:
             continue
         for path in [files] if isinstance(files, str) else list(files):
@@ -109,10 +108,9 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
                 errors.append(f"data.{key}: {path!r} does not exist. Give the parquet file(s) the preprocessing "
                               "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)")
     trainer = config.trainer
-    joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(config.get("ray_kwargs", {}).get("ray_init", {})
-                                                                  .get("address"))
+    joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(config.ray_kwargs.ray_init.get("address"))
     errors += _model_id_errors(config, joins_cluster)
-    if str(trainer.get("device", "cuda")) == "cuda" and not joins_cluster:
+    if trainer.device == "cuda" and not joins_cluster:
         if cuda_available is None:
             import torch
 
@@ -121,7 +119,7 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
             errors.append("trainer.device: is cuda, but this machine has no visible GPU (torch.cuda.is_available() "
                           "is False). Set trainer.device=cpu to train on the CPU, or check CUDA_VISIBLE_DEVICES and "
                           "the driver")
-    if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
+    if trainer.resume_mode == "resume_path" and trainer.resume_from_path:
         folder = os.path.expanduser(str(trainer.resume_from_path))
         if not os.path.isdir(folder):
             errors.append(f"trainer.resume_from_path: {folder!r} does not exist. Give a checkpoint folder "

@@ -1,7 +1,8 @@
 """Balanced partitions of sequences by token count (Karmarkar–Karp).
 
-Two users. Token-budget micro-batches (``use_dynamic_bsz``): :func:`token_budget_partitions` cuts a
-rank's rows into as few micro-batches under the budget as it can, with similar token sums. And
+Two users. Micro-batches (:func:`micro_batch_rows`, :func:`map_micro_batches`): rows, or with token budgets
+(``use_dynamic_bsz``) :func:`token_budget_partitions`, which cuts a rank's rows into as few micro-batches
+under the budget as it can, with similar token sums. And
 ``trainer.balance_batch``, which spreads sequences over data-parallel ranks: the driver partitions
 the batch's sequence lengths into as many equal-count groups as the actor has data-parallel ranks,
 then reorders the batch so that rank r's contiguous chunk holds group r::
@@ -17,6 +18,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
 
 
 def balance_batch_partitions(seqlens: Sequence[int], k: int) -> list[list[int]]:
@@ -155,3 +161,74 @@ def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]],
         f"{prefix}/balanced_max": float(max(balanced)),
         f"{prefix}/mean": float(sum(seqlens)) / k,
     }
+
+
+# ------------------------------------------------------------------------------------------------ micro-batches
+def all_reduce_scalar(value: float, op=dist.ReduceOp.SUM) -> float:
+    """``value`` reduced over the ranks of the default process group (itself without one), in float64."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=op)
+    return float(tensor.item())
+
+
+def micro_batch_rows(data: DataProto, micro_batch_size: int | None = None,
+                     max_token_len: int | None = None) -> list[list[int]] | list[slice]:
+    """The rows of each micro-batch of ``data``: consecutive slices of ``micro_batch_size`` rows or, when
+    ``max_token_len`` is given (``use_dynamic_bsz``), index lists of as few micro-batches as hold at
+    most that many real tokens (attention-mask sum) each, with balanced token sums
+    (:func:`~verl.utils.seqlen_balancing.token_budget_partitions`). A row longer than the budget is a
+    micro-batch of its own.
+
+    With token budgets every rank uses the same number of micro-batches (the largest any rank needs):
+    each micro-batch is an FSDP forward with collectives, so ranks that ran different numbers would hang.
+    """
+    if max_token_len is None:
+        if not micro_batch_size or micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size!r}")
+        return [slice(start, start + micro_batch_size) for start in range(0, len(data), micro_batch_size)]
+    if max_token_len <= 0:
+        raise ValueError(f"max_token_len must be positive, got {max_token_len}")
+    lengths = data.batch["attention_mask"].sum(-1).tolist()
+    parts = token_budget_partitions(lengths, max_token_len)
+    count = int(all_reduce_scalar(len(parts), dist.ReduceOp.MAX))
+    while True:  # every rank leaves this loop in the same round: `agreed` and `count` are global
+        if len(parts) != count:
+            parts = token_budget_partitions(lengths, max_token_len, min_parts=count)
+        agreed = int(all_reduce_scalar(len(parts), dist.ReduceOp.MAX))
+        if agreed == count:
+            if len(parts) < count:  # fewer rows here than micro-batches elsewhere: the collectives would hang
+                raise RuntimeError(f"this rank has {len(lengths)} rows but the ranks agreed on {count} micro-batches; "
+                                   "every rank must receive the same number of rows")
+            return parts
+        count = agreed
+
+
+def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
+                        max_token_len: int | None = None) -> list[DataProto]:
+    """The micro-batches of :func:`micro_batch_rows` (for the update, where row order does not matter)."""
+    return [data[rows] for rows in micro_batch_rows(data, micro_batch_size, max_token_len)]
+
+
+def map_micro_batches(data: DataProto, micro_batch_size: int | None, max_token_len: int | None, fn):
+    """``fn`` on each micro-batch of ``data``; its output tensors (or tuples of tensors and Nones) are
+    concatenated back in the rows' input order."""
+    parts = micro_batch_rows(data, micro_batch_size, max_token_len)
+    outputs = [fn(data[rows]) for rows in parts]
+    if not outputs:
+        raise ValueError("map_micro_batches: the batch has no rows")
+    inverse = None
+    if max_token_len is not None:
+        order = torch.tensor([i for rows in parts for i in rows])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+
+    def join(tensors):
+        joined = torch.cat(tensors)
+        return joined if inverse is None else joined[inverse.to(joined.device)]
+
+    if isinstance(outputs[0], tuple):
+        return tuple(None if outs[0] is None else join(outs) for outs in zip(*outputs))
+    return join(outputs)

@@ -19,91 +19,17 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.models import forward_logprobs
 from verl.protocol import DataProto
-from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
-from verl.utils.config import config_get
-from verl.utils.seqlen_balancing import token_budget_partitions
+from verl.utils.seqlen_balancing import (
+    all_reduce_scalar,
+    map_micro_batches,
+    split_micro_batches,
+)
+from verl.workers.config.actor import ActorConfig, RefConfig
 
-__all__ = ["DataParallelPPOActor", "check_finite", "map_micro_batches", "micro_batch_rows", "split_micro_batches"]
-
-
-def micro_batch_rows(data: DataProto, micro_batch_size: int | None = None,
-                     max_token_len: int | None = None) -> list[list[int]] | list[slice]:
-    """The rows of each micro-batch of ``data``: consecutive slices of ``micro_batch_size`` rows or, when
-    ``max_token_len`` is given (``use_dynamic_bsz``), index lists of as few micro-batches as hold at
-    most that many real tokens (attention-mask sum) each, with balanced token sums
-    (:func:`~verl.utils.seqlen_balancing.token_budget_partitions`). A row longer than the budget is a
-    micro-batch of its own.
-
-    With token budgets every rank uses the same number of micro-batches (the largest any rank needs):
-    each micro-batch is an FSDP forward with collectives, so ranks that ran different numbers would hang.
-    """
-    if max_token_len is None:
-        if not micro_batch_size or micro_batch_size <= 0:
-            raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size!r}")
-        return [slice(start, start + micro_batch_size) for start in range(0, len(data), micro_batch_size)]
-    if max_token_len <= 0:
-        raise ValueError(f"max_token_len must be positive, got {max_token_len}")
-    lengths = data.batch["attention_mask"].sum(-1).tolist()
-    parts = token_budget_partitions(lengths, max_token_len)
-    count = _max_over_ranks(len(parts))
-    while True:  # every rank leaves this loop in the same round: `agreed` and `count` are global
-        if len(parts) != count:
-            parts = token_budget_partitions(lengths, max_token_len, min_parts=count)
-        agreed = _max_over_ranks(len(parts))
-        if agreed == count:
-            if len(parts) < count:  # fewer rows here than micro-batches elsewhere: the collectives would hang
-                raise RuntimeError(f"this rank has {len(lengths)} rows but the ranks agreed on {count} micro-batches; "
-                                   "every rank must receive the same number of rows")
-            return parts
-        count = agreed
-
-
-def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
-                        max_token_len: int | None = None) -> list[DataProto]:
-    """The micro-batches of :func:`micro_batch_rows` (for the update, where row order does not matter)."""
-    return [data[rows] for rows in micro_batch_rows(data, micro_batch_size, max_token_len)]
-
-
-def map_micro_batches(data: DataProto, micro_batch_size: int | None, max_token_len: int | None, fn):
-    """``fn`` on each micro-batch of ``data``; its output tensors (or tuples of tensors and Nones) are
-    concatenated back in the rows' input order."""
-    parts = micro_batch_rows(data, micro_batch_size, max_token_len)
-    outputs = [fn(data[rows]) for rows in parts]
-    if not outputs:
-        raise ValueError("map_micro_batches: the batch has no rows")
-    inverse = None
-    if max_token_len is not None:
-        order = torch.tensor([i for rows in parts for i in rows])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order))
-
-    def join(tensors):
-        joined = torch.cat(tensors)
-        return joined if inverse is None else joined[inverse.to(joined.device)]
-
-    if isinstance(outputs[0], tuple):
-        return tuple(None if outs[0] is None else join(outs) for outs in zip(*outputs))
-    return join(outputs)
-
-
-def _max_over_ranks(value: int) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor([value], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
-
-
-def _sum_over_ranks(value: float) -> float:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
+__all__ = ["DataParallelPPOActor", "check_finite", "run_mini_batches"]
 
 
 def check_finite(data: DataProto, key: str, stage: str) -> None:
@@ -138,21 +64,20 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
             f"update_{role} got {len(data)} rows on this rank, not a multiple of the per-rank mini-batch ({mini} "
             f"rows = {section}.ppo_mini_batch_size x rollout.n / world size). Make data.train_batch_size x "
             f"rollout.n a multiple of {section}.ppo_mini_batch_size x rollout.n and of the number of devices.")
-    agg_mode = config_get(config, "loss_agg_mode", "token-mean")
+    agg_mode = config.loss_agg_mode
     world = dist.get_world_size() if dist.is_initialized() else 1
     metrics: dict[str, list] = defaultdict(list)
     losses: dict[str, float] = {}
     # A new shuffle order every training step (and every epoch within it), reproducible from the seed.
-    seed = int(config_get(config, "data_loader_seed", 42)) + int(data.meta_info.get("global_steps", 0))
-    batches = data.make_iterator(mini, epochs=int(config_get(config, "ppo_epochs", 1)),
-                                 shuffle=bool(config_get(config, "shuffle", False)), seed=seed)
+    seed = int(config.data_loader_seed) + int(data.meta_info.get("global_steps", 0))
+    batches = data.make_iterator(mini, epochs=int(config.ppo_epochs), shuffle=bool(config.shuffle), seed=seed)
     for mini_batch in batches:
         micros = split_micro_batches(mini_batch, micro, max_token_len)
         # Each micro-batch loss is scaled to its share of the mini-batch, so accumulating them gives the
         # loss of the whole mini-batch: by tokens over all ranks for token-mean (FSDP then averages over
         # ranks, hence x world), by rows for the per-sequence modes.
         if agg_mode == "token-mean":
-            global_tokens = _sum_over_ranks(float(mini_batch.batch["response_mask"].sum()))
+            global_tokens = all_reduce_scalar(float(mini_batch.batch["response_mask"].sum()))
             for m in micros:
                 m.meta_info["loss_scale"] = float(m.batch["response_mask"].sum()) * world / max(global_tokens, 1.0)
         else:
@@ -175,8 +100,8 @@ class DataParallelPPOActor:
     """Log-probs and PPO updates of one model, on this rank's rows.
 
     Args:
-        config: the ``actor_rollout_ref.actor`` section (for the reference policy, only
-            :meth:`compute_log_prob` is used and ``config`` may be the ``ref`` section).
+        config: the ``actor_rollout_ref.actor`` section (an `ActorConfig` or a dict of its keys; for the
+            reference policy, only :meth:`compute_log_prob` is used and ``config`` is the `RefConfig`).
         engine: the :class:`~verl.workers.engine.FSDPEngine` holding the model (with an optimizer
             for :meth:`update_policy`).
         mini_batch_size: rows of this rank per optimizer step (already multiplied by rollout.n and
@@ -191,7 +116,7 @@ class DataParallelPPOActor:
     def __init__(self, config, engine, *, mini_batch_size: int | None = None,
                  micro_batch_size: int | None = None, max_token_len: int | None = None, remove_padding: bool = False,
                  logprob_kernel: str = "auto"):
-        self.config = config
+        self.config = config if isinstance(config, RefConfig) else ActorConfig.from_config(config)
         self.engine = engine
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
@@ -232,16 +157,17 @@ class DataParallelPPOActor:
         over epochs and mini-batches of the mini-batch's loss, as the original reports them.
         """
         config = self.config
-        fuse_old = "old_log_probs" not in data.batch
+        present = set(data.batch.keys()) if data.batch is not None else set()
+        fuse_old = "old_log_probs" not in present
         required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
         required += [] if fuse_old else ["old_log_probs"]
-        if config_get(config, "use_kl_loss", False):
+        if config.use_kl_loss:
             required.append("ref_log_prob")
-        missing = [k for k in required if k not in data.batch]
+        missing = [k for k in required if k not in present]
         if missing:
-            raise KeyError(f"update_actor needs batch keys {missing} (present: {sorted(data.batch)}); "
+            raise KeyError(f"update_actor needs batch keys {missing} (present: {sorted(present)}); "
                            "ref_log_prob comes from compute_ref_log_prob, needed with actor.use_kl_loss=true")
-        epochs = int(config_get(config, "ppo_epochs", 1))
+        epochs = int(config.ppo_epochs)
         if fuse_old and (epochs != 1 or len(data) != self.mini_batch_size):
             raise ValueError(
                 f"update_actor got no old_log_probs, which is only allowed for an on-policy update (ppo_epochs=1 and "
@@ -265,15 +191,12 @@ class DataParallelPPOActor:
         are this forward's, detached, and they and the entropy are written into ``recorded`` at the
         micro-batch's ``row_index``."""
         config = self.config
-        policy_loss_fn = get_policy_loss_fn(config_get(config, "policy_loss.loss_mode", "vanilla"))
-        agg_mode = config_get(config, "loss_agg_mode", "token-mean")
-        scale_factor = config_get(config, "loss_scale_factor")
-        entropy_coeff = float(config_get(config, "entropy_coeff", 0.0))
-        report_entropy = entropy_coeff != 0 or bool(config_get(config, "calculate_entropy", False))
+        policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        agg_mode, scale_factor = config.loss_agg_mode, config.loss_scale_factor
+        entropy_coeff = float(config.entropy_coeff)
+        report_entropy = entropy_coeff != 0 or config.calculate_entropy
         need_entropy = report_entropy or recorded is not None
-        use_kl_loss = bool(config_get(config, "use_kl_loss", False))
-        kl_coef = float(config_get(config, "kl_loss_coef", 0.001))
-        kl_type = config_get(config, "kl_loss_type", "low_var_kl")
+        use_kl_loss, kl_coef, kl_type = config.use_kl_loss, float(config.kl_loss_coef), config.kl_loss_type
 
         def loss_fn(module, micro: DataProto):
             batch = micro.batch

@@ -9,15 +9,15 @@ with ``response_mask``.
 
 from __future__ import annotations
 
-
 import torch
 
+from verl.algorithms import compute_value_loss
 from verl.models import forward_values
 from verl.protocol import DataProto
-from verl.algorithms import compute_value_loss
-from verl.utils.config import config_get
+from verl.utils.seqlen_balancing import map_micro_batches
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor import check_finite, map_micro_batches, run_mini_batches
+from verl.workers.actor import check_finite, run_mini_batches
+from verl.workers.config.critic import CriticConfig
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -26,7 +26,7 @@ class DataParallelPPOCritic:
     """Values and PPO value updates of one value model, on this rank's rows.
 
     Args:
-        config: the ``critic`` section.
+        config: the ``critic`` section (a `CriticConfig` or a dict of its keys).
         engine: the :class:`~verl.workers.engine.FSDPEngine` holding the value model, with an optimizer.
         mini_batch_size: rows of this rank per optimizer step (``ppo_mini_batch_size`` x rollout.n /
             world size, normalised by the worker).
@@ -37,7 +37,7 @@ class DataParallelPPOCritic:
 
     def __init__(self, config, engine, *, mini_batch_size: int | None = None,
                  micro_batch_size: int | None = None, max_token_len: int | None = None, remove_padding: bool = False):
-        self.config = config
+        self.config = CriticConfig.from_config(config)
         self.engine = engine
         self.mini_batch_size = mini_batch_size
         self.micro_batch_size = micro_batch_size
@@ -64,15 +64,15 @@ class DataParallelPPOCritic:
         config = self.config
         required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                     "returns"]
-        missing = [k for k in required if k not in data.batch]
+        present = set(data.batch.keys()) if data.batch is not None else set()
+        missing = [k for k in required if k not in present]
         if missing:
-            raise KeyError(f"update_critic needs batch keys {missing} (present: {sorted(data.batch)}); values come "
+            raise KeyError(f"update_critic needs batch keys {missing} (present: {sorted(present)}); values come "
                            "from compute_values, returns from the advantage estimator (GAE)")
         check_finite(data, "returns", "update_critic")
         check_finite(data, "values", "update_critic")
         mini = self.mini_batch_size
-        cliprange = float(config_get(config, "cliprange_value", 0.5))
-        agg_mode = config_get(config, "loss_agg_mode", "token-mean")
+        cliprange, agg_mode = float(config.cliprange_value), config.loss_agg_mode
 
         def loss_fn(module, micro: DataProto):
             batch = micro.batch

@@ -5,8 +5,14 @@ import logging
 import pytest
 
 from verl.trainer.config import checks
-from verl.workers.rollout import base as rollout_base
-from verl.trainer.config_validation import SUCCESS_LINE, ConfigError, compose_ppo_config, main, validate_config
+from verl.trainer.config_validation import (
+    SUCCESS_LINE,
+    ConfigError,
+    compose_ppo_config,
+    main,
+    validate_config,
+)
+from verl.workers.rollout import registry as rollout_base
 
 # The single-GPU GSM8K PPO command of a published verl walkthrough, unchanged except n_gpus_per_node.
 SEED = [

@@ -9,7 +9,11 @@ import torch
 
 from verl.protocol import DataProto
 from verl.tools.base import BaseTool, load_tools
-from verl.workers.rollout.agent_loop import ToolAgentLoop, parse_hermes_tool_calls, truncate
+from verl.workers.rollout.agent_loop import (
+    ToolAgentLoop,
+    parse_hermes_tool_calls,
+    truncate,
+)
 from verl.workers.rollout.base import BaseRollout, build_rollout_output
 
 CALL = '<tool_call>{"name": "calc", "arguments": {"expression": "6*7"}}</tool_call>'
@@ -166,8 +170,8 @@ def test_tool_config_file(tmp_path):
 
 
 def test_code_interpreter_runs_in_the_sandbox():
-    from verl.tools.code_interpreter import CodeInterpreterTool
     from verl.sandbox.process import isolation
+    from verl.tools.code_interpreter import CodeInterpreterTool
 
     if isolation() != "namespaces":
         pytest.skip(isolation())

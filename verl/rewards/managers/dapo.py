@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from verl.utils.config import config_get
 from verl.rewards.managers.naive import NaiveRewardManager, ScoringInput
 from verl.rewards.managers.registry import register
+from verl.workers.config.reward_model import OverlongBufferConfig
 
 __all__ = ["DAPORewardManager", "overlong_penalty"]
 
@@ -29,18 +29,17 @@ def overlong_penalty(valid_len: int, max_resp_len: int, buffer_len: int, penalty
 
 @register("dapo")
 class DAPORewardManager(NaiveRewardManager):
-    """``overlong_buffer_cfg`` has the keys of ``reward_model.overlong_buffer``: ``enable``, ``len``,
-    ``penalty_factor`` and ``log`` (record ``overlong_reward`` and ``overlong`` per sample)."""
+    """``overlong_buffer_cfg`` is ``reward_model.overlong_buffer`` (an `OverlongBufferConfig` or a dict of its
+    keys: ``enable``, ``len``, ``penalty_factor`` and ``log``, which records ``overlong_reward`` and ``overlong``
+    per sample)."""
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
                  reward_fn_key: str = "data_source", max_resp_len: int | None = None,
                  overlong_buffer_cfg: Any = None, **kwargs) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
-        cfg = overlong_buffer_cfg if overlong_buffer_cfg is not None else {}
-        self.overlong_enabled = bool(config_get(cfg, "enable", False))
-        self.buffer_len = int(config_get(cfg, "len", 0))
-        self.penalty_factor = float(config_get(cfg, "penalty_factor", 1.0))
-        self.log_overlong = bool(config_get(cfg, "log", False))
+        cfg = OverlongBufferConfig.from_config(overlong_buffer_cfg)
+        self.overlong_enabled, self.buffer_len = cfg.enable, int(cfg.len)
+        self.penalty_factor, self.log_overlong = float(cfg.penalty_factor), cfg.log
         self.max_resp_len = max_resp_len
         if self.overlong_enabled:
             if max_resp_len is None:

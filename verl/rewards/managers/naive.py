@@ -13,8 +13,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from verl.rewards.scorers import default_compute_score
 from verl.rewards.managers.registry import register
+from verl.rewards.scorers import default_compute_score
 
 __all__ = ["NaiveRewardManager", "ScoringInput", "decode_samples", "split_result"]
 

@@ -1,26 +1,23 @@
-"""The trainers' Hydra configuration: `ppo_trainer.yaml` and how a command line becomes a config.
+"""The trainers' configuration: `ppo_trainer.yaml`, its typed sections, and how a command line becomes a config.
 
 - `ppo_trainer.yaml`: every key of ``python -m verl.trainer.main_ppo`` with its default.
+- `algorithm` / `config`: typed sections of the trainer's own (``AlgoConfig``, ``KLControlConfig``, ``DataConfig``,
+  ``TrainerConfig``, ...), as the original names them; the workers' are in :mod:`verl.workers.config`.
 - `compose.compose_ppo_config`: command-line overrides -> composed `DictConfig` (unknown keys reported).
 - `checks`: the checks `verl.trainer.config_validation.validate_config` runs.
+- `spec`: the run specification the driver resolves once from a validated config.
 
-This module stays free of heavy imports; the submodules import Hydra when used.
+This module stays free of heavy imports; the names below are imported on first use.
 """
 
-import os
-from collections.abc import Sequence
+from verl.base_config import CONFIG_DIR, ConfigError
+from verl.utils.lazy import lazy_exports
 
-CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 PPO_CONFIG_NAME = "ppo_trainer"
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot run.
-
-    The message is a header line followed by one ``- <dotted.key>: <what is wrong>. <how to fix>`` line
-    per problem; `problems` holds those lines without the leading ``- ``.
-    """
-
-    def __init__(self, header: str, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join([header, *(f"- {p}" for p in self.problems)]))
+_EXPORTS = {name: ".algorithm" for name in ("AlgoConfig", "FilterGroupsConfig", "KLControlConfig",
+                                            "PPOAlgorithmConfig")}
+_EXPORTS.update({name: ".config" for name in ("CheckpointConfig", "CustomRewardFunctionConfig", "DataConfig",
+                                              "SFTDataConfig", "TrainerConfig")})
+__all__ = ["CONFIG_DIR", "ConfigError", "PPO_CONFIG_NAME", *sorted(_EXPORTS)]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl.trainer.config.checks import ACTOR, AR, REF, ROLLOUT, Issue, Run, _positive_int, error, warn
-from verl.utils.config import uses_token_budget
+from verl.trainer.config.checks import (
+    ACTOR,
+    AR,
+    REF,
+    ROLLOUT,
+    Issue,
+    Run,
+    _positive_int,
+    error,
+    warn,
+)
+from verl.workers.config.batching import micro_rows_per_device, uses_token_budget
 
 _REMOVE_PADDING = {ACTOR: f"{AR}.model.use_remove_padding", ROLLOUT: f"{AR}.model.use_remove_padding",
                    REF: f"{AR}.model.use_remove_padding", "critic": "critic.model.use_remove_padding",
@@ -64,13 +74,10 @@ def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
 
 
 def _micro_per_device(run: Run, section: str, name: str) -> int | None:
-    per_gpu = run.get(f"{section}.{name}_per_gpu")
-    if _positive_int(per_gpu):
-        return per_gpu
-    global_value = run.get(f"{section}.{name}")
-    if _positive_int(global_value) and run.n_devices:
-        return max(global_value // run.n_devices, 1)
-    return None
+    per_gpu, global_value = run.get(f"{section}.{name}_per_gpu"), run.get(f"{section}.{name}")
+    if not run.n_devices or not (_positive_int(per_gpu) or (per_gpu is None and _positive_int(global_value))):
+        return None
+    return micro_rows_per_device(per_gpu, global_value, run.n_devices)
 
 
 FILTER_GROUP_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")

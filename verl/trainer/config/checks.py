@@ -8,16 +8,18 @@ whose message says what is wrong and how to fix it. Keys nothing reads are check
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import fnmatch
+import functools
 import importlib
 import importlib.util
 import os
+import types
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.trainer.config.compose import dotted_keys
 from verl.algorithms import (
     KL_PENALTY_TYPES,
     LOSS_AGG_MODES,
@@ -26,12 +28,15 @@ from verl.algorithms import (
     registered_adv_estimators,
     registered_policy_losses,
 )
-from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS
+from verl.base_config import BaseConfig
 from verl.rewards.managers import (
     get_reward_manager_cls,
     registered_reward_managers,
 )
-from verl.workers.rollout import get_rollout_class
+from verl.trainer.config.compose import dotted_keys
+from verl.trainer.config.spec import RunSpec, need_critic, need_reference_policy
+from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS
+from verl.workers.rollout.registry import check_rollout_name
 
 LR_SCHEDULERS = ("constant", "cosine")
 # Estimators whose baseline comes from the other samples of the same prompt.
@@ -55,39 +60,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.backend": ("ray", "local"),
     f"{AR}.model.fused_kernel_options.impl_backend": ("torch", "triton"),
 }
-
-# Types of keys whose default is null (everywhere else a value must have its default's type).
-# fnmatch patterns over the dotted key; the first match wins.
-NULL_DEFAULT_TYPES: tuple[tuple[str, tuple[type, ...]], ...] = (
-    ("*micro_batch_size", (int,)),
-    ("*micro_batch_size_per_gpu", (int,)),
-    ("*total_training_steps", (int,)),
-    ("trainer.max_*_ckpt_to_keep", (int,)),
-    ("*max_model_len", (int,)),
-    ("*max_length", (int,)),
-    ("*_turns", (int,)),
-    ("data.val_batch_size", (int,)),
-    ("ray_kwargs.ray_init.num_cpus", (int,)),
-    ("data.train_files", (str, list)),
-    ("data.val_files", (str, list)),
-    ("critic.enable", (bool,)),
-    ("*use_dynamic_bsz", (bool,)),
-    ("*enable_gradient_checkpointing", (bool,)),
-    ("*loss_scale_factor", (float,)),
-    ("*path", (str,)),
-    ("*_dir", (str,)),
-    ("*.name", (str,)),
-    ("*class_name", (str,)),
-    ("data.tokenizer", (str,)),
-    ("*warmup_style", (str,)),
-    ("algorithm.filter_groups.metric", (str,)),
-    ("*.exclude_modules", (str, list)),
-)
-# Types accepted on top of the default's type.
-ALSO_ACCEPTED: dict[str, tuple[type, ...]] = {"trainer.logger": (str,),
-                                              "actor_rollout_ref.model.target_modules": (list,),
-                                              "critic.model.target_modules": (list,)}
-
 
 @dataclass(frozen=True)
 class Issue:
@@ -148,12 +120,11 @@ class Run:
 
     @property
     def uses_critic(self) -> bool:
-        enable = self.get("critic.enable")
-        return bool(enable) if enable is not None else self.get("algorithm.adv_estimator") == "gae"
+        return need_critic(self.get("critic.enable"), self.get("algorithm.adv_estimator"))
 
     @property
     def uses_ref(self) -> bool:
-        return bool(self.get("algorithm.use_kl_in_reward")) or bool(self.get(f"{ACTOR}.use_kl_loss"))
+        return need_reference_policy(self.get("algorithm.use_kl_in_reward"), self.get(f"{ACTOR}.use_kl_loss"))
 
     @property
     def uses_reward_model(self) -> bool:
@@ -213,10 +184,22 @@ def _type_of(value: Any) -> type:
     return next((t for t in (bool, int, float, str, list, dict) if isinstance(value, t)), type(value))
 
 
-def _declared_types(key: str, default: Any) -> tuple[type, ...] | None:
-    if default is None:
-        return next((types for pattern, types in NULL_DEFAULT_TYPES if fnmatch.fnmatchcase(key, pattern)), None)
-    return (_type_of(default),) + ALSO_ACCEPTED.get(key, ())
+@functools.cache
+def declared_types(key: str) -> tuple[tuple[type, ...], bool] | None:
+    """``(types, nullable)`` the typed config sections declare for dotted ``key`` (a nested group counts as a
+    dict), or None for a key they do not type (inside a free-form dict such as override_config)."""
+    hint: Any = RunSpec
+    for part in key.split("."):
+        options = typing.get_args(hint) or (hint,)
+        owner = next((t for t in options if dataclasses.is_dataclass(t)
+                      and part in {f.name for f in dataclasses.fields(t)}), None)
+        if owner is None:
+            return None
+        hint = typing.get_type_hints(owner)[part]
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    declared = tuple(dict.fromkeys(dict if isinstance(t, type) and issubclass(t, BaseConfig)
+                                   else typing.get_origin(t) or t for t in options if t is not type(None)))
+    return declared, type(None) in options
 
 
 def _accepted_types(declared: tuple[type, ...], default: Any) -> tuple[type, ...]:
@@ -229,7 +212,7 @@ def _accepted_types(declared: tuple[type, ...], default: Any) -> tuple[type, ...
 
 
 def check_types(run: Run) -> Iterator[Issue]:
-    """Every value has its default's type, or the type NULL_DEFAULT_TYPES gives for a null default.
+    """Every value has a type its config section declares (:func:`declared_types`); null only where it does.
 
     Ints are accepted where floats are expected; bool is not an int. Keys added with ``+`` are skipped.
     """
@@ -245,13 +228,18 @@ def _check_types_under(values: Mapping, defaults: Mapping, prefix: str) -> Itera
         if isinstance(default, Mapping) and isinstance(value, Mapping):
             yield from _check_types_under(value, default, f"{key}.")
             continue
-        declared = _declared_types(key, default)
-        if value is None or declared is None or _type_of(value) in _accepted_types(declared, default):
+        typed = declared_types(key)
+        if typed is None:
             continue
-        words = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in declared)
-        got = _TYPE_WORDS.get(_type_of(value), type(value).__name__)
+        declared, nullable = typed
         example = f", e.g. {key}={_format(default)}" if default is not None and not isinstance(default, Mapping) else ""
-        yield error(key, f"expected {words}, got {value!r} ({got}). Set a value of that type{example}")
+        if value is None and not nullable:
+            yield error(key, f"cannot be null: it needs {' or '.join(_TYPE_WORDS.get(t, t.__name__) for t in declared)}"
+                             f"{example}")
+        elif value is not None and _type_of(value) not in _accepted_types(declared, default):
+            words = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in declared)
+            got = _TYPE_WORDS.get(_type_of(value), type(value).__name__)
+            yield error(key, f"expected {words}, got {value!r} ({got}). Set a value of that type{example}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -319,7 +307,7 @@ def check_rollout_engine(run: Run) -> Iterator[Issue]:
     if name is None:
         return
     try:
-        get_rollout_class(name)
+        check_rollout_name(name)
     except ValueError as e:
         yield error(key, str(e))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.base_config import yaml_defaults
 from verl.trainer.config import CONFIG_DIR, PPO_CONFIG_NAME, ConfigError
 
 _CONFIG_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name"}
@@ -81,12 +82,7 @@ def default_ppo_values() -> dict:
 
 def default_config_values(config_name: str) -> dict:
     """The resolved defaults of ``<config_name>.yaml`` in this folder (a fresh copy on each call)."""
-    return copy.deepcopy(_default_values(config_name))
-
-
-@functools.lru_cache(maxsize=4)
-def _default_values(config_name: str) -> dict:
-    return OmegaConf.to_container(_compose(CONFIG_DIR, config_name, []), resolve=True)
+    return copy.deepcopy(yaml_defaults(config_name))
 
 
 def _split_config_flags(args: list[str], default_name: str) -> tuple[str, str, list[str]]:

@@ -16,7 +16,7 @@ from verl.trainer.config.checks import (
     warn,
 )
 from verl.trainer.config.compose import dotted_keys
-from verl.workers.rollout import get_rollout_class
+from verl.workers.rollout.registry import ignored_config_keys
 
 _DATA_PARALLEL_ONLY = "it is data-parallel only: every device holds a full copy of the model"
 _IGNORED_KEY_REASONS = {
@@ -30,7 +30,7 @@ def check_other_backend_keys(run: Run) -> Iterator[Issue]:
     """Keys that only vLLM/SGLang or Megatron read: a warning names each one set, since nothing reads it here."""
     engine = run.get(f"{ROLLOUT}.name")
     try:
-        ignored = get_rollout_class(engine).ignored_config_keys
+        ignored = ignored_config_keys(engine)
     except ValueError:
         ignored = ()  # check_rollout_engine reports the unknown engine
     for name in ignored:

@@ -21,17 +21,27 @@ import uuid
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from verl.protocol import DataProto
-from verl.trainer.plan import resolve_gradient_checkpointing
-from verl.trainer.ppo import checkpointing
-from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
-from verl.trainer.ppo.metric_utils import (compute_data_metrics, compute_rollout_probs_diff,
-                                           compute_throughput_metrics, compute_timing_metrics, reduce_metrics)
-from verl.trainer.ppo.roles import WorkerGroups, need_critic, need_reference_policy, total_devices
-from verl.trainer.ppo.validation import dump_generations, validate
+from verl.algorithms import (
+    agg_loss,
+    apply_kl_penalty,
+    compute_advantage,
+    get_kl_controller,
+)
 from verl.data import collate_fn, create_rl_sampler, make_dataloader
+from verl.protocol import DataProto
+from verl.trainer.config.spec import prompts_per_round, resolve_run
+from verl.trainer.ppo import checkpointing
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_rollout_probs_diff,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+)
+from verl.trainer.ppo.roles import WorkerGroups
+from verl.trainer.ppo.validation import dump_generations, validate
 from verl.utils.debug import simple_timer
 from verl.utils.flops_counter import FlopsCounter
 from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
@@ -70,39 +80,26 @@ class RayPPOTrainer:
 
     def __init__(self, config, tokenizer, train_dataset, val_dataset=None, reward_fn=None, val_reward_fn=None):
         self.config = config
-        resolve_gradient_checkpointing(config)  # unset: off when the memory estimate says the step fits
         self.tokenizer = tokenizer
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
-        self.use_critic = need_critic(config)
-        self.use_reference_policy = need_reference_policy(config)
-        self.use_rm = bool(config.reward_model.enable)
-        algorithm = config.algorithm
-        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl) if algorithm.use_kl_in_reward else None
-        actor = config.actor_rollout_ref.actor
-        # On-policy update (one epoch, one mini-batch of the whole batch) and nothing reading the old log-probs
-        # before it: they are the update's first forward, so the separate old_log_prob pass is skipped.
-        self.old_log_prob_in_update = (int(actor.ppo_epochs) == 1 and not algorithm.use_kl_in_reward
-                                       and int(actor.ppo_mini_batch_size) == int(config.data.train_batch_size))
-
-        data = config.data
+        # Everything derived from the config, once (the config itself is never changed): roles, pools,
+        # batches, the run's length (the workers' LR schedules need it), gradient checkpointing.
+        self.spec = resolve_run(config, train_size=len(train_dataset))
         # DAPO dynamic sampling: prompts come in rounds of data.gen_batch_size until the step has
         # data.train_batch_size prompts whose responses differ in algorithm.filter_groups.metric.
-        self.filter_groups = bool(algorithm.get("filter_groups") and algorithm.filter_groups.get("enable"))
-        key = "gen_batch_size" if self.filter_groups else "train_batch_size"
-        self.train_sampler = create_rl_sampler(data, train_dataset)
-        self.train_dataloader = make_dataloader(train_dataset, batch_size=data[key], sampler=self.train_sampler,
+        self.filter_groups = self.spec.algorithm.filter_groups.enable
+        _, prompts = prompts_per_round(self.spec.data, self.spec.algorithm)
+        self.train_sampler = create_rl_sampler(self.spec.data, train_dataset)
+        self.train_dataloader = make_dataloader(train_dataset, batch_size=prompts, sampler=self.train_sampler,
                                                 drop_last=True, collate_fn=collate_fn)
-        if len(self.train_dataloader) == 0:
-            raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than "
-                             f"data.{key}={data[key]}; lower data.{key}")
-        steps = config.trainer.total_training_steps
-        self.total_training_steps = int(steps) if steps else len(self.train_dataloader) * config.trainer.total_epochs
-        with open_dict(config):  # the workers' LR schedules need the run's length
-            config.actor_rollout_ref.actor.optim.total_training_steps = self.total_training_steps
-            config.critic.optim.total_training_steps = self.total_training_steps
-        self.n_devices = total_devices(config, use_critic=self.use_critic, use_rm=self.use_rm)
-        self.checkpoint_root = os.path.abspath(config.trainer.default_local_dir)
+        self.use_critic, self.use_reference_policy, self.use_rm = (
+            self.spec.use_critic, self.spec.use_reference_policy, self.spec.use_rm)
+        algorithm = self.spec.algorithm
+        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl) if algorithm.use_kl_in_reward else None
+        self.total_training_steps = self.spec.total_training_steps
+        self.n_devices = self.spec.n_devices
+        self.checkpoint_root = os.path.abspath(self.spec.trainer.default_local_dir)
         self.global_steps = 0
         self.workers: WorkerGroups | None = None
         self.flops_counters: dict[str, FlopsCounter] = {}  # role -> counter of its model
@@ -110,13 +107,12 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Start the worker groups (Ray actors or in-process) and load every model."""
-        self.workers = WorkerGroups.create(self.config, use_critic=self.use_critic, use_rm=self.use_rm,
-                                           use_reference_policy=self.use_reference_policy)
+        self.workers = WorkerGroups.create(self.spec)
         from verl.models.loader import load_hf_config
 
-        models = {"actor": (self.config.actor_rollout_ref.model, False)}
+        models = {"actor": (self.spec.actor_rollout_ref.model, False)}
         if self.use_critic:
-            models["critic"] = (self.config.critic.model, True)
+            models["critic"] = (self.spec.critic.model, True)
         for role, (model, value_head) in models.items():
             try:
                 self.flops_counters[role] = FlopsCounter(
@@ -141,16 +137,16 @@ class RayPPOTrainer:
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
         })
         checkpointing.mark_complete(self.checkpoint_root, self.global_steps)
-        trainer = self.config.trainer
+        trainer = self.spec.trainer
         checkpointing.rotate(self.checkpoint_root, "actor", trainer.max_actor_ckpt_to_keep)
         checkpointing.rotate(self.checkpoint_root, "critic", trainer.max_critic_ckpt_to_keep)
 
     def _load_checkpoint(self) -> None:
-        path = checkpointing.resume_checkpoint(self.config.trainer)
+        path = checkpointing.resume_checkpoint(self.spec.trainer)
         if path is None:
             return
         path = os.path.abspath(path)
-        if self.config.trainer.resume_mode != "auto":
+        if self.spec.trainer.resume_mode != "auto":
             self._load_checkpoint_from(path)
             return
         # Auto-resume: a newest checkpoint that cannot be read (a truncated shard after a crash or a full
@@ -194,12 +190,12 @@ class RayPPOTrainer:
 
     def _generate_and_score(self, batch_dict: dict, timing_raw: dict) -> DataProto:
         """Responses for a batch of prompts, with ``token_level_scores`` (and the reward's extra info)."""
-        groups, rollout = self.workers, self.config.actor_rollout_ref.rollout
+        groups, rollout = self.workers, self.spec.actor_rollout_ref.rollout
         prompts = DataProto.from_single_dict(batch_dict, meta_info={"global_steps": self.global_steps})
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         with simple_timer("gen", timing_raw):
             batch = groups.actor_rollout.generate_sequences(prompts)
-        if self.config.algorithm.adv_estimator == "remax":
+        if self.spec.algorithm.adv_estimator == "remax":
             with simple_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
         with simple_timer("reward", timing_raw):
@@ -215,10 +211,10 @@ class RayPPOTrainer:
         ``filter_groups.metric`` (they carry no GRPO signal) and generate further rounds of
         ``data.gen_batch_size`` prompts until ``data.train_batch_size`` groups remain (the surplus is
         cut) or ``max_num_gen_batches`` rounds were spent (<= 0: no limit)."""
-        config = self.config
-        settings, n = config.algorithm.filter_groups, int(config.actor_rollout_ref.rollout.n)
-        metric, limit = settings.metric, int(settings.get("max_num_gen_batches") or 0)
-        target = int(config.data.train_batch_size) * n
+        config = self.spec
+        settings, n = config.algorithm.filter_groups, config.actor_rollout_ref.rollout.n
+        metric, limit = settings.metric, settings.max_num_gen_batches
+        target = config.data.train_batch_size * n
         kept, rounds, generated = [], 0, 0
         while True:
             rounds += 1
@@ -270,7 +266,7 @@ class RayPPOTrainer:
         return scores.sum(-1).repeat_interleave(n)
 
     def _compute_advantage(self, batch: DataProto, scores: torch.Tensor, metrics: dict) -> None:
-        algorithm = self.config.algorithm
+        algorithm = self.spec.algorithm
         batch.batch["token_level_scores"] = scores
         if self.kl_ctrl is not None:
             rewards, kl_metrics = apply_kl_penalty(scores, batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
@@ -290,7 +286,7 @@ class RayPPOTrainer:
         """Join the actor's ``old_log_probs`` to the batch; log ``actor/entropy`` from its ``entropys``."""
         entropys = old.batch.pop("entropys")
         metrics["actor/entropy"] = agg_loss(entropys, batch.batch["response_mask"],
-                                            self.config.actor_rollout_ref.actor.loss_agg_mode).item()
+                                            self.spec.actor_rollout_ref.actor.loss_agg_mode).item()
         batch = batch.union(old.select(batch_keys=["old_log_probs"], non_tensor_batch_keys=[]))
         if "rollout_log_probs" in batch.batch:
             metrics.update(compute_rollout_probs_diff(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
@@ -301,8 +297,8 @@ class RayPPOTrainer:
         """``perf/mfu/actor`` and (with a critic) ``perf/mfu/critic``: model FLOPs of each update over its time."""
         metrics = {}
         seqlens = None
-        for role, section, group in (("actor", self.config.actor_rollout_ref.actor, "actor_rollout"),
-                                     ("critic", self.config.critic, "critic")):
+        for role, section, group in (("actor", self.spec.actor_rollout_ref.actor, "actor_rollout"),
+                                     ("critic", self.spec.critic, "critic")):
             if role == "critic" and not self.use_critic:
                 continue
             counter, seconds = self.flops_counters.get(role), timing_raw.get(f"update_{role}", 0)
@@ -319,7 +315,7 @@ class RayPPOTrainer:
     def train_step(self, batch_dict: dict, next_batch=None) -> dict:
         """One PPO step on one batch of prompts; returns the step's metrics. ``next_batch()`` gives
         further batches when dynamic sampling (``algorithm.filter_groups``) needs more prompts."""
-        config, groups = self.config, self.workers
+        config, groups = self.spec, self.workers
         rollout = config.actor_rollout_ref.rollout
         metrics: dict = {}
         timing_raw: dict = {}
@@ -333,7 +329,7 @@ class RayPPOTrainer:
             batch.meta_info["temperature"] = rollout.temperature
             scores = batch.batch["token_level_scores"]
             update_actor = config.trainer.critic_warmup <= self.global_steps
-            fused_old_log_prob = self.old_log_prob_in_update and update_actor
+            fused_old_log_prob = config.old_log_prob_in_update and update_actor
             if not fused_old_log_prob:
                 with simple_timer("old_log_prob", timing_raw):
                     batch = self._add_old_log_probs(batch, groups.actor_rollout.compute_log_prob(batch), metrics)
@@ -379,7 +375,7 @@ class RayPPOTrainer:
         return metrics
 
     def _validate(self) -> dict:
-        return validate(self.config, self.workers.actor_rollout, self.val_dataset, self.val_reward_fn,
+        return validate(self.spec, self.workers.actor_rollout, self.val_dataset, self.val_reward_fn,
                         self.tokenizer, self.global_steps)
 
     # ------------------------------------------------------------------ the loop
@@ -388,14 +384,14 @@ class RayPPOTrainer:
         dynamic sampling a step may take several batches: the run then also ends after
         ``trainer.total_epochs`` passes over the data (unless ``total_training_steps`` is set), as
         the original's does, the last step's unfinished rounds dropped."""
-        trainer = self.config.trainer
+        trainer = self.spec.trainer
         bounded = self.filter_groups and not trainer.total_training_steps
         while not bounded or self.train_sampler.epoch < int(trainer.total_epochs):
             yield from self.train_dataloader
 
     def fit(self) -> dict:
         """Train for ``total_training_steps`` steps; returns the last step's metrics."""
-        trainer = self.config.trainer
+        trainer = self.spec.trainer
         tracker = Tracking(trainer.project_name, trainer.experiment_name, default_backend=trainer.logger,
                            config=OmegaConf.to_container(self.config, resolve=True),
                            total_steps=self.total_training_steps)

@@ -37,8 +37,9 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from verl.models import loader
+from verl.workers.config.engine import FSDPConfig
+from verl.workers.config.optimizer import OptimConfig
 from verl.workers.engine import checkpoint as ckpt
-from verl.utils.config import config_get
 from verl.workers.engine.optim import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -54,15 +55,10 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def mixed_precision_policy(fsdp_config, device: torch.device) -> MixedPrecisionPolicy:
-    """param dtype: ``fsdp_config.mixed_precision.param_dtype``, else ``fsdp_config.dtype``, else bf16 on
-    CUDA and fp32 on CPU; reduce dtype: ``mixed_precision.reduce_dtype``, else fp32."""
-    mixed = config_get(fsdp_config, "mixed_precision", {})
-    param_dtype = config_get(mixed, "param_dtype") or config_get(fsdp_config, "dtype") \
-        or ("bfloat16" if device.type == "cuda" else "float32")
-    reduce_dtype = config_get(mixed, "reduce_dtype", "float32")
-    return MixedPrecisionPolicy(param_dtype=loader.resolve_dtype(param_dtype),
-                                reduce_dtype=loader.resolve_dtype(reduce_dtype))
+def mixed_precision_policy(fsdp_config: FSDPConfig, device: torch.device) -> MixedPrecisionPolicy:
+    """Parameters gathered in ``fsdp_config.dtype`` (null: bf16 on CUDA, fp32 on CPU), gradients reduced in fp32."""
+    param_dtype = fsdp_config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return MixedPrecisionPolicy(param_dtype=loader.resolve_dtype(param_dtype), reduce_dtype=torch.float32)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -146,9 +142,9 @@ class FSDPEngine:
 
     Args:
         model: a Hugging Face model (causal LM or value model), on the CPU, in the master dtype.
-        fsdp_config: ``*.fsdp_config`` (``dtype``/``mixed_precision``, ``reshard_after_forward``,
-            ``offload_policy``, ``param_offload``, ``optimizer_offload``); dict, OmegaConf or dataclass.
-        optim_config: ``*.optim``; None builds no optimizer (a frozen reference model).
+        fsdp_config: ``*.fsdp_config`` (`FSDPConfig`, or a dict of its keys).
+        optim_config: ``*.optim`` (`OptimConfig`, or a dict of its keys); None builds no optimizer (a frozen
+            reference model).
         grad_clip: max global grad norm (``actor.grad_clip``); <= 0 or None measures without clipping.
         enable_gradient_checkpointing: recompute each decoder layer in backward.
         compile_layers: ``torch.compile`` each decoder layer's forward (CUDA only; see :func:`compile_layers`).
@@ -167,17 +163,19 @@ class FSDPEngine:
                                "in a script call torch.distributed.init_process_group first).")
         self.device = torch.device(device) if device is not None else default_device()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        fsdp_size = int(config_get(fsdp_config, "fsdp_size", -1))
+        fsdp_config = FSDPConfig.from_config(fsdp_config)
+        optim_config = None if optim_config is None else OptimConfig.from_config(optim_config)
+        fsdp_size = fsdp_config.fsdp_size
         if 0 < fsdp_size < self.world_size:
             logger.warning("fsdp_config.fsdp_size=%d is ignored: this engine shards over all %d ranks (1-D mesh).",
                            fsdp_size, self.world_size)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
-        self.reshard_after_forward = bool(config_get(fsdp_config, "reshard_after_forward", True))
-        self.offload_policy = bool(config_get(fsdp_config, "offload_policy", False)) and self.device.type != "cpu"
+        self.reshard_after_forward = fsdp_config.reshard_after_forward
+        self.offload_policy = fsdp_config.offload_policy and self.device.type != "cpu"
         # Moving states between phases only means something when the compute device is not the CPU.
         movable = self.device.type != "cpu" and not self.offload_policy
-        self.param_offload = bool(config_get(fsdp_config, "param_offload", False)) and movable
-        self.optimizer_offload = bool(config_get(fsdp_config, "optimizer_offload", False)) and movable
+        self.param_offload = fsdp_config.param_offload and movable
+        self.optimizer_offload = fsdp_config.optimizer_offload and movable
         self.grad_clip = grad_clip
 
         if enable_gradient_checkpointing:

@@ -18,33 +18,26 @@ import math
 
 import torch
 
-from verl.utils.config import config_get
+from verl.workers.config.optimizer import OptimConfig
 
 logger = logging.getLogger(__name__)
 
 
-def build_optimizer(params, optim_config) -> torch.optim.Optimizer:
+def build_optimizer(params, optim_config: OptimConfig) -> torch.optim.Optimizer:
     """AdamW over ``params`` with ``lr``, ``betas``, ``weight_decay``, ``eps`` and ``override_optimizer_config``.
 
     On CUDA the fused implementation (one kernel for all parameters) is used unless
     ``override_optimizer_config`` names ``fused`` or ``foreach``; on the CPU, torch's default.
     """
-    name = str(config_get(optim_config, "optimizer", "AdamW"))
-    impl = str(config_get(optim_config, "optimizer_impl", "torch.optim"))
-    if name.lower() != "adamw" or impl != "torch.optim":
+    optim_config = OptimConfig.from_config(optim_config)
+    if optim_config.optimizer.lower() != "adamw" or optim_config.optimizer_impl != "torch.optim":
         raise ValueError(
-            f"optim.optimizer={name!r} with optim.optimizer_impl={impl!r} is not supported; "
-            "use optimizer=AdamW, optimizer_impl=torch.optim."
+            f"optim.optimizer={optim_config.optimizer!r} with optim.optimizer_impl={optim_config.optimizer_impl!r} "
+            "is not supported; use optimizer=AdamW, optimizer_impl=torch.optim."
         )
-    kwargs = {
-        "lr": float(config_get(optim_config, "lr", 1e-6)),
-        "betas": tuple(float(b) for b in config_get(optim_config, "betas", (0.9, 0.999))),
-        "weight_decay": float(config_get(optim_config, "weight_decay", 0.01)),
-    }
-    eps = config_get(optim_config, "eps")
-    if eps is not None:
-        kwargs["eps"] = float(eps)
-    overrides = dict(config_get(optim_config, "override_optimizer_config", {}) or {})
+    kwargs = {"lr": float(optim_config.lr), "betas": tuple(float(b) for b in optim_config.betas),
+              "weight_decay": float(optim_config.weight_decay), "eps": float(optim_config.eps)}
+    overrides = dict(optim_config.override_optimizer_config or {})
     params = list(params)
     on_cuda = bool(params) and all(isinstance(p, torch.Tensor) and p.is_cuda for p in params)
     if on_cuda and "fused" not in overrides and "foreach" not in overrides:
@@ -65,34 +58,34 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, scheduler_type:
     return max(min_lr_ratio, min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config,
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config: OptimConfig,
                        total_training_steps: int | None = None) -> torch.optim.lr_scheduler.LambdaLR:
     """The warmup + constant/cosine schedule of ``optim_config``.
 
     ``total_training_steps`` overrides ``optim.total_training_steps`` (which the trainer fills in).
     """
-    total = int(total_training_steps if total_training_steps is not None
-                else config_get(optim_config, "total_training_steps", -1))
-    scheduler_type = config_get(optim_config, "lr_scheduler_type", "constant")
-    warmup_style = config_get(optim_config, "warmup_style")
-    if warmup_style is not None:
-        logger.warning("optim.warmup_style is deprecated; use optim.lr_scheduler_type=%s instead.", warmup_style)
-        scheduler_type = warmup_style
+    optim_config = OptimConfig.from_config(optim_config)
+    total = int(total_training_steps if total_training_steps is not None else optim_config.total_training_steps)
+    scheduler_type = optim_config.lr_scheduler_type
+    if optim_config.warmup_style is not None:
+        logger.warning("optim.warmup_style is deprecated; use optim.lr_scheduler_type=%s instead.",
+                       optim_config.warmup_style)
+        scheduler_type = optim_config.warmup_style
     if scheduler_type not in ("constant", "cosine"):
         raise ValueError(f"optim.lr_scheduler_type={scheduler_type!r} is not supported; use constant or cosine.")
 
-    warmup = int(config_get(optim_config, "lr_warmup_steps", -1))
+    warmup = int(optim_config.lr_warmup_steps)
     if warmup <= 0:
-        ratio = float(config_get(optim_config, "lr_warmup_steps_ratio", 0.0))
+        ratio = float(optim_config.lr_warmup_steps_ratio)
         if ratio > 0 and total <= 0:
             raise ValueError("optim.lr_warmup_steps_ratio > 0 needs optim.total_training_steps (set by the trainer).")
         warmup = int(ratio * total) if ratio > 0 else 0
     if scheduler_type == "cosine" and total <= 0:
         raise ValueError("optim.lr_scheduler_type=cosine needs optim.total_training_steps (set by the trainer).")
-    min_lr_ratio = float(config_get(optim_config, "min_lr_ratio", 0.0))
+    min_lr_ratio = float(optim_config.min_lr_ratio)
     if not 0.0 <= min_lr_ratio <= 1.0:
         raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-    num_cycles = float(config_get(optim_config, "num_cycles", 0.5))
+    num_cycles = float(optim_config.num_cycles)
 
     def factor(step: int) -> float:
         return lr_factor(step, warmup_steps=warmup, total_steps=total, scheduler_type=scheduler_type,

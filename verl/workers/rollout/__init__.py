@@ -2,31 +2,17 @@
 
 Pick one by name with :func:`get_rollout_class` (``rollout.name``); every engine implements
 :class:`BaseRollout`. Built-in: ``hf`` (transformers ``generate``, the reference engine) and
-``native`` (the fast engine over the actor's own weights, :mod:`verl.workers.rollout.native`).
+``native`` (the fast engine over the actor's own weights, :mod:`verl.workers.rollout.native`). The names
+below are imported on first use: the registry (:mod:`.registry`) knows the engines without importing them.
 """
 
-from verl.workers.rollout.base import (
-    BaseRollout,
-    SamplingParams,
-    build_rollout_output,
-    check_left_padded,
-    get_rollout_class,
-    register_rollout,
-    registered_rollouts,
-    resolve_sampling_params,
-)
-from verl.workers.rollout.hf_rollout import HFRollout
-from verl.workers.rollout.native import NativeRollout
+from verl.utils.lazy import lazy_exports
 
-__all__ = [
-    "BaseRollout",
-    "HFRollout",
-    "NativeRollout",
-    "SamplingParams",
-    "build_rollout_output",
-    "check_left_padded",
-    "get_rollout_class",
-    "register_rollout",
-    "registered_rollouts",
-    "resolve_sampling_params",
-]
+_EXPORTS = {
+    **{name: ".base" for name in ("BaseRollout", "SamplingParams", "build_rollout_output", "check_left_padded",
+                                  "resolve_sampling_params")},
+    **{name: ".registry" for name in ("get_rollout_class", "register_rollout", "registered_rollouts")},
+    "HFRollout": ".hf_rollout", "NativeRollout": ".native",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.config import config_get
+from verl.workers.config.rollout import MultiTurnConfig
 from verl.workers.rollout.base import EpisodeTokens, left_padded
 
 __all__ = ["ToolAgentLoop", "parse_hermes_tool_calls"]
@@ -164,14 +164,13 @@ class ToolAgentLoop:
     def __init__(self, rollout, tokenizer, multi_turn_config, tools: dict, interactions: dict | None = None):
         self.rollout, self.tokenizer, self.tools = rollout, tokenizer, tools
         self.interactions = dict(interactions or {})
-        get = lambda key, default: config_get(multi_turn_config, key, default)  # noqa: E731
-        self.max_assistant_turns = get("max_assistant_turns", None)
-        self.max_user_turns = get("max_user_turns", None)
-        self.max_parallel_calls = max(1, int(get("max_parallel_calls", 1)))
-        self.max_tool_response_length = int(get("max_tool_response_length", 256))
-        self.truncate_side = str(get("tool_response_truncate_side", "middle"))
-        self.sanity_check = str(get("tokenization_sanity_check_mode", "strict"))
-        fmt = str(get("format", "hermes"))
+        config = MultiTurnConfig.from_config(multi_turn_config)
+        self.max_assistant_turns, self.max_user_turns = config.max_assistant_turns, config.max_user_turns
+        self.max_parallel_calls = max(1, int(config.max_parallel_calls))
+        self.max_tool_response_length = int(config.max_tool_response_length)
+        self.truncate_side = config.tool_response_truncate_side
+        self.sanity_check = config.tokenization_sanity_check_mode
+        fmt = config.format
         if fmt != "hermes":
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format={fmt!r}: only 'hermes' is supported")
         self.schemas = [tool.get_openai_tool_schema() for tool in tools.values()]

@@ -11,8 +11,6 @@ sampled token ids and their log-probs.
 from __future__ import annotations
 
 import concurrent.futures
-import difflib
-import importlib.util
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -23,8 +21,8 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.config import config_get
-from verl.utils.registry import Registry
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -35,54 +33,12 @@ __all__ = [
     "TurnHandler",
     "build_rollout_output",
     "check_left_padded",
-    "get_rollout_class",
     "left_padded",
-    "register_rollout",
-    "registered_rollouts",
     "resolve_sampling_params",
     "wait_for_continuations",
 ]
 
-# ----------------------------------------------------------------------------- registry
-
-_ROLLOUTS = Registry("rollout engine", "actor_rollout_ref.rollout.name")
-
-# Engines of the original verl that this project does not ship: name -> the package providing it.
-EXTERNAL_ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
-
-
-def register_rollout(name: str):
-    """Class decorator adding a rollout engine under ``actor_rollout_ref.rollout.name=<name>``."""
-    return _ROLLOUTS.register(name)
-
-
-def registered_rollouts() -> list[str]:
-    return _ROLLOUTS.names()
-
-
-def get_rollout_class(name: str) -> type:
-    """The engine class for ``actor_rollout_ref.rollout.name``; a clear error for unknown names."""
-    if name in _ROLLOUTS:
-        return _ROLLOUTS[name]
-    builtin = registered_rollouts()
-    fix = f"the built-in engines are: {', '.join(builtin)}. Set actor_rollout_ref.rollout.name={builtin[0]}"
-    if name in EXTERNAL_ENGINES:
-        if not _installed(EXTERNAL_ENGINES[name]):
-            raise ValueError(f"rollout engine {name!r} is not installed; {fix}")
-        raise ValueError(f"rollout engine {name!r} is installed, but this verl ships no adapter for it; {fix}")
-    guess = difflib.get_close_matches(str(name), builtin, n=1, cutoff=0.6)
-    hint = f" (did you mean {guess[0]}?)" if guess else ""
-    raise ValueError(f"unknown rollout engine {name!r}{hint}; {fix}")
-
-
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
-
-
 # ----------------------------------------------------------------------------- sampling settings
-
-_VAL_DEFAULTS = {"top_k": -1, "top_p": 1.0, "temperature": 0.0, "n": 1, "do_sample": False}
-_TRAIN_DEFAULTS = {"top_k": -1, "top_p": 1.0, "temperature": 1.0, "n": 1, "do_sample": True}
 
 
 @dataclass(frozen=True)
@@ -105,22 +61,24 @@ class SamplingParams:
     pad_token_id: int
 
 
-def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
+def resolve_sampling_params(config: RolloutConfig, meta_info: dict, default_eos_token_ids,
                             default_pad_token_id) -> SamplingParams:
     """Sampling settings for one call.
 
     Precedence, per key: ``meta_info`` > (``config.val_kwargs`` when ``meta_info['validate']``, else
-    the training keys of ``config``) > verl's defaults. ``do_sample=False`` or ``temperature == 0``
-    means greedy. ``top_k <= 0`` or None disables top-k.
+    the training keys of ``config``). ``do_sample=False`` or ``temperature == 0`` means greedy.
+    ``top_k <= 0`` or None disables top-k.
     """
     validate = bool(meta_info.get("validate", False))
-    source = config_get(config, "val_kwargs") if validate else config
-    defaults = _VAL_DEFAULTS if validate else _TRAIN_DEFAULTS
+    source = config.val_kwargs if validate else config
     where = "actor_rollout_ref.rollout" + (".val_kwargs" if validate else "")
 
     def pick(key):
         value = meta_info.get(key)
-        return config_get(source, key, defaults[key]) if value is None else value
+        value = getattr(source, key) if value is None else value
+        if value is None and key != "top_k":
+            raise ValueError(f"{where}.{key} is null; set it (its default is in ppo_trainer.yaml)")
+        return value
 
     temperature = float(pick("temperature"))
     if temperature < 0:
@@ -131,7 +89,7 @@ def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
     n = int(pick("n"))
     if n < 1:
         raise ValueError(f"{where}.n must be >= 1, got {n}")
-    response_length = meta_info.get("response_length") or config_get(config, "response_length")
+    response_length = meta_info.get("response_length") or config.response_length
     if not response_length or int(response_length) <= 0:
         raise ValueError("actor_rollout_ref.rollout.response_length is not set (it normally comes from "
                          f"data.max_response_length); got {response_length!r}")
@@ -147,13 +105,13 @@ def resolve_sampling_params(config, meta_info: dict, default_eos_token_ids,
     if pad is None:
         raise ValueError("no pad token id: the tokenizer has neither a pad nor an eos token; pass "
                          "meta_info['pad_token_id'] to generate_sequences")
-    if bool(config_get(config, "ignore_eos", False)):
+    if config.ignore_eos:
         eos = []
     return SamplingParams(
         n=n,
         greedy=greedy,
         temperature=1.0 if greedy else temperature,
-        top_k=max(int(pick("top_k")), 0),
+        top_k=max(int(pick("top_k") or 0), 0),
         top_p=top_p,
         response_length=int(response_length),
         eos_token_ids=tuple(int(e) for e in eos),
@@ -167,7 +125,7 @@ class BaseRollout(ABC):
     """A generation engine.
 
     Args:
-        config: the ``actor_rollout_ref.rollout`` section (DictConfig, dict or attribute object).
+        config: the ``actor_rollout_ref.rollout`` section (a `RolloutConfig`, or a dict of its keys).
         module: the Hugging Face causal LM whose weights generate. The caller makes the full
             weights available for the duration of the call (e.g. unsharding FSDP around it).
         tokenizer: supplies the default eos and pad token ids.
@@ -176,20 +134,10 @@ class BaseRollout(ABC):
     config validation warns when one of them is set to a non-default value.
     """
 
-    ignored_config_keys: tuple[str, ...] = (
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "expert_parallel_size",
-        "enable_chunked_prefill",
-        "enable_prefix_caching",
-        "load_format",
-        "layered_summon",
-        "disable_log_stats",
-        "engine_kwargs",
-    )
+    ignored_config_keys: tuple[str, ...] = IGNORED_CONFIG_KEYS["hf"]
 
-    def __init__(self, config, module: torch.nn.Module, tokenizer):
-        self.config = config
+    def __init__(self, config: RolloutConfig, module: torch.nn.Module, tokenizer):
+        self.config = RolloutConfig.from_config(config)
         self.module = module
         self.tokenizer = tokenizer
         eos: list[int] = []

@@ -22,14 +22,13 @@ from transformers import (
 )
 
 from verl.protocol import DataProto
-from verl.utils.config import config_get
 from verl.workers.rollout.base import (
     BaseRollout,
     SamplingParams,
     build_rollout_output,
     check_left_padded,
-    register_rollout,
 )
+from verl.workers.rollout.registry import register_rollout
 
 __all__ = ["HFRollout"]
 
@@ -113,7 +112,7 @@ class HFRollout(BaseRollout):
         device = next(self.module.parameters()).device
         input_ids = prompts.batch["input_ids"].repeat_interleave(params.n, dim=0).to(device)
         attention_mask = attention_mask.repeat_interleave(params.n, dim=0).to(device)
-        micro_batch_size = int(config_get(self.config, "micro_batch_size", 0)) or input_ids.shape[0]
+        micro_batch_size = self.config.micro_batch_size or input_ids.shape[0]
 
         responses, log_probs = [], []
         was_training = self.module.training

@@ -38,19 +38,18 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.config import config_get
 from verl.workers.rollout.base import (
     BaseRollout,
     EpisodeTokens,
     TurnHandler,
     build_rollout_output,
     check_left_padded,
-    register_rollout,
     wait_for_continuations,
 )
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
 from verl.workers.rollout.native.model import DecoderWeights, decode, extend, prefill
 from verl.workers.rollout.native.sampling import sample
+from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
 
 __all__ = ["NativeRollout"]
 
@@ -126,9 +125,7 @@ class NativeRollout(BaseRollout):
     ``last_stats`` describes the last call (``profile = True`` adds synchronised phase timings).
     """
 
-    # Generation runs in the dtype the actor's weights have inside gathered_params() (FSDP's
-    # param_dtype), so that no second copy exists: ``rollout.dtype`` is not read.
-    ignored_config_keys = BaseRollout.ignored_config_keys + ("dtype",)
+    ignored_config_keys = IGNORED_CONFIG_KEYS["native"]
 
     def __init__(self, config, module: torch.nn.Module, tokenizer):
         super().__init__(config, module, tokenizer)
@@ -138,10 +135,6 @@ class NativeRollout(BaseRollout):
         self.graphs = _DecodeGraphs()
         self.profile = False
         self.last_stats: dict = {}
-
-    def _setting(self, key, default):
-        value = config_get(self.config, key, default)
-        return default if value is None else value
 
     def free_cache(self) -> None:
         """Release the KV cache and the captured graphs (their memory pool)."""
@@ -176,7 +169,7 @@ class NativeRollout(BaseRollout):
         valid = prompts.batch["attention_mask"].to(device).bool()
         batch, width = input_ids.shape
         rows, length = batch * params.n, params.response_length
-        max_model_len = self._setting("max_model_len", 0)
+        max_model_len = self.config.max_model_len or 0
         if max_model_len and width + length > int(max_model_len):
             raise ValueError(f"prompt width {width} + response_length {length} exceeds "
                              f"actor_rollout_ref.rollout.max_model_len={max_model_len}")
@@ -190,22 +183,22 @@ class NativeRollout(BaseRollout):
             responses, log_probs = run.generate()
         finally:
             self.last_stats = run.stats
-            if self._setting("free_cache_engine", True):
+            if self.config.free_cache_engine:
                 self.free_cache()
         return responses, log_probs, run
 
     def _ensure_cache(self, rows: int, max_len: int) -> None:
         w = self.weights
         shape = (w.num_layers, w.num_kv_heads, max_len, w.head_dim, w.dtype, w.device)
-        want = max(1, min(rows, int(self._setting("max_num_seqs", 1024))))
+        want = max(1, min(rows, int(self.config.max_num_seqs)))
         if self.cache is not None and self.cache.fits(*shape) and self.cache.num_slots >= want:
             return
         self.free_cache()
         per_slot = slot_bytes(w.num_layers, w.num_kv_heads, w.head_dim, max_len, w.dtype)
         # Room left for activations: float32 logits and sampling buffers of every running row.
         reserve = 4 * want * w.lm_head.shape[0] * 4
-        slots = plan_slots(rows, int(self._setting("max_num_seqs", 1024)), per_slot, w.device,
-                           float(self._setting("gpu_memory_utilization", 0.5)), reserve)
+        slots = plan_slots(rows, int(self.config.max_num_seqs), per_slot, w.device,
+                           float(self.config.gpu_memory_utilization), reserve)
         self.cache = SlotCache(w.num_layers, slots, w.num_kv_heads, max_len, w.head_dim, w.dtype, w.device)
         self.state = _SlotState(slots, w.device)
 
@@ -242,14 +235,14 @@ class _Run:
         for t in self.state.tensors():
             t.zero_()
         self.state.row.fill_(self.rows)
-        self.use_graphs = device.type == "cuda" and not bool(engine._setting("enforce_eager", False))
+        self.use_graphs = device.type == "cuda" and not engine.config.enforce_eager
         if self.use_graphs:
             # Graphs read the weights, the cache and the RoPE table by address: a new one of any means recapture.
             engine.graphs.validate((self.w.pointers(), self.cache.pointers(), self.w.rope_pointers(self.cache.max_len)))
         self.sync_every = 4 if device.type == "cuda" else 1
         self.resume_wait, self.resume_batch = 4 * self.sync_every, 16
         self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
-        self.chunk_tokens = max(1, int(engine._setting("max_num_batched_tokens", 8192)))
+        self.chunk_tokens = max(1, int(engine.config.max_num_batched_tokens))
         self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
                       "graph_captures": 0, "turns": 0, "extend_s": 0.0, "idle_s": 0.0}
 

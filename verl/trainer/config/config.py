@@ -1,0 +1,127 @@
+"""Config sections of the trainer's own: ``data``, ``trainer``, ``custom_reward_function``, and the
+checkpoint group every trained role has."""
+
+from __future__ import annotations
+
+from verl.base_config import BaseConfig, section
+
+__all__ = ["CheckpointConfig", "CustomRewardFunctionConfig", "DataConfig", "SFTDataConfig", "TrainerConfig"]
+
+
+@section("actor_rollout_ref.actor.checkpoint", shared=True)
+class CheckpointConfig(BaseConfig):
+    """What a role writes to and reads from ``global_step_N/<role>/``: model, optimizer, extra, hf_model."""
+
+    save_contents: list[str]
+    load_contents: list[str]
+    async_save: bool
+
+
+@section("data")
+class DataConfig(BaseConfig):
+    """The prompt datasets (parquet) and how prompts are batched and cut to length."""
+
+    tokenizer: str | None
+    use_shm: bool
+    train_files: str | list[str] | None
+    val_files: str | list[str] | None
+    train_max_samples: int
+    val_max_samples: int
+    prompt_key: str
+    reward_fn_key: str
+    max_prompt_length: int
+    max_response_length: int
+    train_batch_size: int
+    gen_batch_size: int
+    val_batch_size: int | None
+    return_raw_input_ids: bool
+    return_raw_chat: bool
+    return_full_prompt: bool
+    shuffle: bool
+    seed: int
+    dataloader_num_workers: int
+    validation_shuffle: bool
+    filter_overlong_prompts: bool
+    filter_overlong_prompts_workers: int
+    truncation: str
+    image_key: str
+    video_key: str
+    trust_remote_code: bool
+    return_multi_modal_inputs: bool
+    apply_chat_template_kwargs: dict
+    custom_cls: dict
+    sampler: dict
+    datagen: dict
+
+
+@section("custom_reward_function")
+class CustomRewardFunctionConfig(BaseConfig):
+    """``compute_score(data_source, solution_str, ground_truth, extra_info)`` defined in the Python file
+    `path` (under the name `name`)."""
+
+    path: str | None
+    name: str
+    reward_kwargs: dict
+
+
+@section("trainer")
+class TrainerConfig(BaseConfig):
+    """Devices, length of the run, logging, validation and checkpoints."""
+
+    backend: str
+    device: str
+    nnodes: int
+    n_gpus_per_node: int
+    total_epochs: int
+    total_training_steps: int | None
+    balance_batch: bool
+    critic_warmup: int
+    project_name: str
+    experiment_name: str
+    logger: str | list[str]
+    log_val_generations: int
+    rollout_data_dir: str | None
+    validation_data_dir: str | None
+    val_before_train: bool
+    val_only: bool
+    test_freq: int
+    save_freq: int
+    esi_redundant_time: float
+    resume_mode: str
+    resume_from_path: str | None
+    default_local_dir: str
+    default_hdfs_dir: str | None
+    del_local_ckpt_after_load: bool
+    max_actor_ckpt_to_keep: int | None
+    max_critic_ckpt_to_keep: int | None
+    ray_wait_register_center_timeout: int
+    use_legacy_worker_impl: str
+
+
+@section("data.multiturn", config_name="sft_trainer")
+class SFTMultiturnConfig(BaseConfig):
+    """Train on every assistant turn of a chat column (``messages_key``) instead of a prompt/response pair."""
+
+    enable: bool
+    messages_key: str
+
+
+@section("data", config_name="sft_trainer")
+class SFTDataConfig(BaseConfig):
+    """``data`` of ``python -m verl.trainer.fsdp_sft_trainer`` (sft_trainer.yaml)."""
+
+    train_batch_size: int
+    micro_batch_size_per_gpu: int
+    train_files: str | list[str] | None
+    val_files: str | list[str] | None
+    prompt_key: str
+    response_key: str
+    prompt_dict_keys: list[str] | None
+    response_dict_keys: list[str] | None
+    multiturn: SFTMultiturnConfig
+    max_length: int
+    truncation: str
+    balance_dp_token: bool
+    chat_template: str | None
+    apply_chat_template_kwargs: dict
+    custom_cls: dict

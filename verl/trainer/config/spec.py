@@ -1,0 +1,195 @@
+"""The run specification: everything the driver derives from a validated config, decided once.
+
+    spec = resolve_run(config, steps_per_epoch=len(train_dataloader))
+
+A `RunSpec` holds the typed sections (:mod:`verl.workers.config`, :mod:`verl.trainer.config`) and what follows
+from them: which roles run, the resource pools and their devices, each role's per-rank batches, the length of
+the run, and the gradient-checkpointing choice the memory estimate makes for a model that leaves it unset.
+The sections the workers get carry those choices (a new frozen value, never a change of the config): the
+config stays as the user wrote it. The config checks, the memory estimate, pre-flight and the Python API call
+the same functions below, so a derived setting is decided in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from verl.trainer.config.algorithm import AlgoConfig
+from verl.trainer.config.config import (
+    CustomRewardFunctionConfig,
+    DataConfig,
+    TrainerConfig,
+)
+from verl.workers.config import (
+    ActorRolloutRefConfig,
+    CriticConfig,
+    ModelConfig,
+    RewardModelConfig,
+)
+from verl.workers.config.batching import (
+    Batching,
+    CriticBatching,
+    PolicyBatching,
+    critic_batching,
+    policy_batching,
+    reward_model_batching,
+)
+
+__all__ = ["RunSpec", "need_critic", "need_reference_policy", "pool_layout", "resolve_run"]
+
+
+def need_critic(enable: bool | None, adv_estimator: str) -> bool:
+    """``critic.enable`` when set, otherwise a critic exactly when the estimator is GAE."""
+    return bool(enable) if enable is not None else adv_estimator == "gae"
+
+
+def need_reference_policy(use_kl_in_reward: bool, use_kl_loss: bool) -> bool:
+    """A frozen reference policy is needed for KL, in the reward or as a loss."""
+    return bool(use_kl_in_reward) or bool(use_kl_loss)
+
+
+def pool_layout(trainer: TrainerConfig, critic: CriticConfig, reward_model: RewardModelConfig, *, use_critic: bool,
+                use_rm: bool) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The resource pools (name -> devices on each node) and the pool of each role: every role shares
+    ``global_pool`` unless ``critic.enable_resource_pool`` or ``reward_model.enable_resource_pool`` gives it
+    devices of its own."""
+    pools = {"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes}
+    mapping = {"actor_rollout": "global_pool"}
+    for role, section, used in (("critic", critic, use_critic), ("rm", reward_model, use_rm)):
+        if not used:
+            continue
+        mapping[role] = "global_pool"
+        if section.enable_resource_pool:
+            mapping[role] = f"{role}_pool"
+            pools[f"{role}_pool"] = [section.n_gpus_per_node] * section.nnodes
+    return pools, mapping
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A validated config, resolved. The sections have the config's names; `actor_rollout_ref` and `critic`
+    are what their workers get (total steps and gradient checkpointing filled in)."""
+
+    data: DataConfig
+    actor_rollout_ref: ActorRolloutRefConfig
+    critic: CriticConfig
+    reward_model: RewardModelConfig
+    custom_reward_function: CustomRewardFunctionConfig
+    algorithm: AlgoConfig
+    trainer: TrainerConfig
+    ray_kwargs: dict
+    use_critic: bool
+    use_reference_policy: bool
+    use_rm: bool
+    pools: dict[str, list[int]]  # pool name -> devices on each node
+    role_pool: dict[str, str]  # role (actor_rollout, critic, rm) -> its pool
+    total_training_steps: int | None  # None until the length of an epoch is known
+
+    @functools.cached_property
+    def policy_batching(self) -> PolicyBatching:
+        """Per rank of the policy's pool (what its workers compute for themselves)."""
+        return policy_batching(self.actor_rollout_ref, self.world_size("actor_rollout"),
+                               reference=self.use_reference_policy)
+
+    @functools.cached_property
+    def critic_batching(self) -> CriticBatching | None:
+        return critic_batching(self.critic, self.world_size("critic")) if self.use_critic else None
+
+    @functools.cached_property
+    def rm_batching(self) -> Batching | None:
+        return reward_model_batching(self.reward_model, self.world_size("rm")) if self.use_rm else None
+
+    def world_size(self, role: str) -> int:
+        """Devices of the pool ``role`` runs on."""
+        return sum(self.pools[self.role_pool[role]])
+
+    @property
+    def n_devices(self) -> int:
+        return sum(sum(layout) for layout in self.pools.values())
+
+    @property
+    def old_log_prob_in_update(self) -> bool:
+        """An on-policy update (one epoch, one mini-batch of the whole batch) with nothing reading the old
+        log-probs before it: they are the update's first forward, so the separate pass is skipped."""
+        actor = self.actor_rollout_ref.actor
+        return (actor.ppo_epochs == 1 and not self.algorithm.use_kl_in_reward
+                and actor.ppo_mini_batch_size == self.data.train_batch_size)
+
+    def unset_checkpointing(self) -> list[str]:
+        """The model sections whose ``enable_gradient_checkpointing`` is unset (null)."""
+        models = {"actor_rollout_ref.model": self.actor_rollout_ref.model}
+        if self.use_critic:
+            models["critic.model"] = self.critic.model
+        return [key for key, model in models.items() if model.enable_gradient_checkpointing is None]
+
+    def with_checkpointing(self, sections: list[str], value: bool) -> RunSpec:
+        """This spec with ``enable_gradient_checkpointing`` = ``value`` for the model ``sections``."""
+        policy, critic = self.actor_rollout_ref, self.critic
+        if "actor_rollout_ref.model" in sections:
+            policy = dataclasses.replace(policy, model=_checkpointed(policy.model, value))
+        if "critic.model" in sections:
+            critic = dataclasses.replace(critic, model=_checkpointed(critic.model, value))
+        return dataclasses.replace(self, actor_rollout_ref=policy, critic=critic)
+
+
+def _checkpointed(model: ModelConfig, value: bool) -> ModelConfig:
+    return dataclasses.replace(model, enable_gradient_checkpointing=value)
+
+
+def prompts_per_round(data: DataConfig, algorithm: AlgoConfig) -> tuple[str, int]:
+    """``(key, prompts)``: the prompts the trainer draws per generation round, ``data.train_batch_size``, or
+    ``data.gen_batch_size`` with DAPO's dynamic sampling (``algorithm.filter_groups``)."""
+    key = "gen_batch_size" if algorithm.filter_groups.enable else "train_batch_size"
+    return key, getattr(data, key)
+
+
+def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpointing: bool = True,
+                device_bytes: int | None = None, log=print) -> RunSpec:
+    """The `RunSpec` of a validated config (an OmegaConf node or a dict of the whole trainer config).
+
+    ``train_size`` (prompts in the training set) gives the run's length when ``trainer.total_training_steps``
+    is unset: full batches per pass times ``trainer.total_epochs``; the LR schedules of the actor and critic
+    get it (a set smaller than one batch is a ValueError naming the key). With
+    ``choose_checkpointing``, a model whose ``enable_gradient_checkpointing`` is unset gets the memory
+    estimate's choice (:func:`verl.trainer.plan.resolve_gradient_checkpointing`; ``device_bytes``: the GPU's
+    size, default the one this process sees), reported through ``log``.
+    """
+    section = {name: cls.from_config(config.get(name)) for name, cls in (
+        ("data", DataConfig), ("actor_rollout_ref", ActorRolloutRefConfig), ("critic", CriticConfig),
+        ("reward_model", RewardModelConfig), ("custom_reward_function", CustomRewardFunctionConfig),
+        ("algorithm", AlgoConfig), ("trainer", TrainerConfig))}
+    policy, critic, trainer = section["actor_rollout_ref"], section["critic"], section["trainer"]
+    use_critic = need_critic(critic.enable, section["algorithm"].adv_estimator)
+    use_reference_policy = need_reference_policy(section["algorithm"].use_kl_in_reward, policy.actor.use_kl_loss)
+    use_rm = section["reward_model"].enable
+    pools, role_pool = pool_layout(trainer, critic, section["reward_model"], use_critic=use_critic, use_rm=use_rm)
+
+    total = trainer.total_training_steps
+    if train_size is not None:
+        key, prompts = prompts_per_round(section["data"], section["algorithm"])
+        if train_size < prompts:
+            raise ValueError(f"the training set has {train_size} prompts, fewer than data.{key}={prompts}; "
+                             f"lower data.{key}")
+        total = total or train_size // prompts * trainer.total_epochs
+    if total:
+        policy = dataclasses.replace(policy, actor=dataclasses.replace(
+            policy.actor, optim=dataclasses.replace(policy.actor.optim, total_training_steps=int(total))))
+        critic = dataclasses.replace(critic, optim=dataclasses.replace(critic.optim, total_training_steps=int(total)))
+
+    ray_kwargs = config.get("ray_kwargs") or {}
+    if type(ray_kwargs).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        ray_kwargs = OmegaConf.to_container(ray_kwargs, resolve=True)
+    spec = RunSpec(
+        **{**section, "actor_rollout_ref": policy, "critic": critic}, ray_kwargs=dict(ray_kwargs),
+        use_critic=use_critic, use_reference_policy=use_reference_policy, use_rm=use_rm, pools=pools,
+        role_pool=role_pool, total_training_steps=int(total) if total else None)
+    if choose_checkpointing and spec.unset_checkpointing():
+        from verl.trainer.plan import resolve_gradient_checkpointing
+
+        spec = resolve_gradient_checkpointing(spec, log=log, device_bytes=device_bytes)
+    return spec

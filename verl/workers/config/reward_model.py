@@ -1,0 +1,49 @@
+"""``reward_model``: an optional model-based reward, and the reward manager used for every reward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.base_config import BaseConfig, section
+from verl.workers.config.model import ModelConfig
+
+__all__ = ["OverlongBufferConfig", "RewardModelConfig"]
+
+
+@section("reward_model.overlong_buffer")
+class OverlongBufferConfig(BaseConfig):
+    """DAPO's length penalty (reward_manager=dapo)."""
+
+    enable: bool
+    len: int
+    penalty_factor: float
+    log: bool
+
+
+@section("reward_model")
+class RewardModelConfig(BaseConfig):
+    """Giving ``model=ModelConfig(path=...)`` without `enable` turns the reward model on (enable=true)."""
+
+    enable: bool
+    model: ModelConfig
+    reward_manager: str
+    strategy: str
+    enable_resource_pool: bool
+    n_gpus_per_node: int
+    nnodes: int
+    micro_batch_size: int | None
+    micro_batch_size_per_gpu: int | None
+    max_length: int | None
+    ulysses_sequence_parallel_size: int
+    use_dynamic_bsz: bool | None
+    forward_max_token_len_per_gpu: int
+    launch_reward_fn_async: bool
+    sandbox_fusion: dict
+    overlong_buffer: OverlongBufferConfig
+
+    def to_overrides(self, prefix: str | None = None) -> dict[str, Any]:
+        prefix = prefix or self.PREFIX
+        out = super().to_overrides(prefix)
+        if "enable" not in self._given and out.get(f"{prefix}.model.path") is not None:
+            out[f"{prefix}.enable"] = True
+        return out
