@@ -93,13 +93,14 @@ def run(engine: str, data: str, model: str, out: str, steps: int, backend: str) 
 def planned_peak_gib(command: list[str], device_gib: float | None) -> float:
     """The peak ``python -m verl.trainer.plan`` predicts for ``main_ppo <command>`` on a GPU of
     ``device_gib`` (default: this machine's), checkpointing resolved as the run resolves it."""
+    from verl.trainer.config.spec import resolve_run
     from verl.trainer.config_validation import compose_ppo_config
-    from verl.trainer.plan import GIB, device_memory, plan_memory, resolve_gradient_checkpointing
+    from verl.trainer.plan import GIB, device_memory, plan_memory
 
     config = compose_ppo_config(command)
-    device = int(device_gib * GIB) if device_gib else device_memory(config)
-    resolve_gradient_checkpointing(config, log=lambda _: None, device_bytes=device)
-    return plan_memory(config, device).peak / GIB
+    device = int(device_gib * GIB) if device_gib else device_memory(config.trainer.device)
+    spec = resolve_run(config, log=lambda _: None, device_bytes=device)
+    return plan_memory(spec, device).peak / GIB
 
 
 def reference_command(out: str, steps: int, backend: str, quick: bool) -> list[str]:
