@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 __all__ = ["DataProto", "DataProtoItem", "DataProtoConfig", "DataProtoError", "DataProtoValueError",
-           "DataProtoKeyError", "DataProtoTypeError", "pad_dataproto_to_divisor", "unpad_dataproto"]
+           "DataProtoKeyError", "DataProtoTypeError", "left_padded", "object_array", "pad_dataproto_to_divisor",
+           "unpad_dataproto"]
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -96,7 +97,7 @@ def _keys(batch) -> list[str]:
     return [] if batch is None else list(batch.keys())
 
 
-def _as_object_array(values: Sequence[Any]) -> np.ndarray:
+def object_array(values: Sequence[Any]) -> np.ndarray:
     """A 1-D object array of ``values`` (lists and dicts stay whole, never broadcast to 2-D)."""
     out = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
@@ -212,7 +213,7 @@ class DataProto:
         values (lists or arrays; lists become 1-D object arrays)."""
         if num_batch_dims != 1:
             raise DataProtoValueError(f"DataProto supports one batch dimension, got num_batch_dims={num_batch_dims}")
-        non_tensors = {k: v if isinstance(v, np.ndarray) else _as_object_array(list(v))
+        non_tensors = {k: v if isinstance(v, np.ndarray) else object_array(list(v))
                        for k, v in (non_tensors or {}).items()}
         meta_info = dict(meta_info or {})
         if auto_padding:
@@ -240,7 +241,7 @@ class DataProto:
         tensors, non_tensors = {}, {}
         for key, value in tensor_dict.items():
             if isinstance(value, NonTensorStack):
-                non_tensors[key] = _as_object_array([item.data for item in value])
+                non_tensors[key] = object_array([item.data for item in value])
             elif isinstance(value, NonTensorData):
                 meta_info[key] = value.data
             else:
@@ -618,6 +619,17 @@ class DataProto:
         out.__setstate__(torch.load(path, weights_only=False))
         out.check_consistency()
         return out
+
+
+def left_padded(sequences: list[list[int]], pad: int, meta_info: dict | None = None,
+                width: int | None = None) -> DataProto:
+    """Token id lists as a left-padded prompt batch (``input_ids``, ``attention_mask``, ``position_ids``)
+    of ``width`` columns (default: the longest)."""
+    width = max(map(len, sequences)) if width is None else width
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in sequences], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in sequences], dtype=torch.long)
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
+                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=dict(meta_info or {}))
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:

@@ -9,11 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.algorithms.registry import (
-    AdvantageEstimator,
-    get_adv_estimator_fn,
-    register_adv_est,
-)
+from verl.algorithms.registry import AdvantageEstimator, get_adv_estimator_fn, register_adv_est
 from verl.utils.registry import as_name
 from verl.utils.torch_functional import masked_whiten
 

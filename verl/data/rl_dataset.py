@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from verl.protocol import object_array
 from verl.trainer.config.config import DataConfig
 
 logger = logging.getLogger("verl.dataset")
@@ -315,9 +316,6 @@ def collate_fn(items: list[dict]) -> dict:
         if isinstance(values[0], torch.Tensor):
             batch[key] = torch.stack(values)
         else:
-            array = np.empty(len(values), dtype=object)
-            for i, value in enumerate(values):
-                array[i] = value
-            batch[key] = array
+            batch[key] = object_array(values)
     return batch
 

@@ -79,6 +79,8 @@ class StatefulDataLoader(DataLoader):
         # Its own generator: a plain DataLoader draws a seed from the global torch RNG at every pass,
         # which would shift the sampling of everything else in the process after a resume.
         kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed))
+        kwargs.setdefault("drop_last", True)
+        kwargs.setdefault("collate_fn", collate_fn)
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
         self._pass_start: dict | None = None
         self._batches_consumed = 0
@@ -103,20 +105,5 @@ class StatefulDataLoader(DataLoader):
         self._pass_start = None
 
 
-def make_dataloader(
-    dataset: Dataset,
-    batch_size: int,
-    sampler: ResumableSampler,
-    drop_last: bool = True,
-    collate_fn=collate_fn,
-    num_workers: int = 0,
-) -> StatefulDataLoader:
-    """A resumable loader: ``state_dict()`` goes into ``global_step_N/data.pt``, ``load_state_dict`` resumes."""
-    return StatefulDataLoader(
-        dataset,
-        batch_size,
-        sampler,
-        drop_last=drop_last,
-        collate_fn=collate_fn,
-        num_workers=num_workers,
-    )
+# The name the trainers use; the loader drops the last partial batch and collates with ``collate_fn`` by default.
+make_dataloader = StatefulDataLoader

@@ -27,13 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.data.rl_dataset import (
-    DatasetError,
-    _chat_messages,
-    _plain,
-    _read_parquet,
-    _short_repr,
-)
+from verl.data.rl_dataset import DatasetError, _chat_messages, _plain, _read_parquet, _short_repr
 from verl.trainer.config.config import SFTDataConfig
 
 logger = logging.getLogger("verl.dataset")

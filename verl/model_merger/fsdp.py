@@ -8,11 +8,7 @@ import tempfile
 
 import torch
 
-from verl.workers.engine.checkpoint import (
-    HF_DIR,
-    load_full_model_state_dict,
-    read_fsdp_config,
-)
+from verl.workers.engine.checkpoint import HF_DIR, load_full_model_state_dict, read_fsdp_config
 
 # Files of the huggingface/ folder that describe the model rather than the tokenizer.
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",

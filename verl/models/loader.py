@@ -93,17 +93,6 @@ def load_hf_config(path: str, *, trust_remote_code: bool = False, override_confi
     return config
 
 
-def _check_supported(config, mapping: Mapping[str, str], auto_class: str, path: str, config_key: str,
-                     trust_remote_code: bool) -> None:
-    remote = trust_remote_code and auto_class in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in mapping and not remote:
-        raise ValueError(
-            f"{config_key}={path!r}: model type {config.model_type!r} has no {auto_class} in transformers, "
-            f"so it cannot be loaded for this role. Supported types include: "
-            f"{', '.join(sorted(mapping)[:12])}, ..."
-        )
-
-
 def enable_gradient_checkpointing(model) -> None:
     """Recompute each decoder layer in backward (non-reentrant, composes with FSDP2); turns the KV cache off."""
     kwargs = {"use_reentrant": False}
@@ -134,6 +123,39 @@ def attention_implementation(remove_padding: bool) -> str:
     return register()
 
 
+def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, trust_remote_code: bool,
+                    override_config: Mapping | None, remove_padding: bool, config_key: str, one_label: bool = False,
+                    **kwargs):
+    """``transformers.<auto_class>.from_pretrained(path)`` after the checks every loader makes, each error naming
+    ``config_key``: the config (with ``override_config``), a class of ``auto_class`` for its model type, and packed
+    forwards possible when ``remove_padding``. ``one_label``: one output per position, dropout off."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
+                            config_key=config_key)
+    mapping = getattr(modeling_auto, _MAPPING_NAMES[auto_class])
+    remote = trust_remote_code and auto_class in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in mapping and not remote:
+        raise ValueError(
+            f"{config_key}={path!r}: model type {config.model_type!r} has no {auto_class} in transformers, "
+            f"so it cannot be loaded for this role. Supported types include: {', '.join(sorted(mapping)[:12])}, ..."
+        )
+    if remove_padding:
+        check_packable(config, config_key)
+    if one_label:  # values and scores must be deterministic
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+    return getattr(transformers, auto_class).from_pretrained(
+        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
+        attn_implementation=attention_implementation(remove_padding), **kwargs)
+
+
+_MAPPING_NAMES = {"AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                  "AutoModelForTokenClassification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+                  "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"}
+
+
 def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
                    override_config: Mapping | None = None, remove_padding: bool = False,
                    use_gradient_checkpointing: bool = False, config_key: str = "actor_rollout_ref.model.path"):
@@ -143,19 +165,8 @@ def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust
     loads it with the packed attention of :mod:`verl.models.packed` (SDPA otherwise; both take padded
     batches, only the former also takes packed ones).
     """
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
-                            config_key=config_key)
-    _check_supported(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "AutoModelForCausalLM", path, config_key,
-                     trust_remote_code)
-    if remove_padding:
-        check_packable(config, config_key)
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation=attention_implementation(remove_padding),
-    )
+    model = load_pretrained("AutoModelForCausalLM", path, dtype=dtype, trust_remote_code=trust_remote_code,
+                            override_config=override_config, remove_padding=remove_padding, config_key=config_key)
     if use_gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model
@@ -163,37 +174,23 @@ def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust
 
 def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
                      override_config: Mapping | None = None, remove_padding: bool = False,
-                     use_gradient_checkpointing: bool = False, config_key: str = "critic.model.path",
-                     head_init_std: float | None = None, head_init_seed: int = 0):
+                     config_key: str = "critic.model.path"):
     """A value model: ``AutoModelForTokenClassification`` with one label, one scalar per token.
 
     The backbone comes from the checkpoint at ``path`` (normally a causal LM). Its ``score`` head is new
-    unless the checkpoint already is a value model: then it is drawn from N(0, head_init_std²)
-    (default ``config.initializer_range``) with a generator seeded by ``head_init_seed``, so every rank
-    builds the same head, and its bias is zero. Dropout in the head is off (values must be deterministic).
+    unless the checkpoint already is a value model: then it is drawn from N(0, ``config.initializer_range``²)
+    with a generator seeded with 0, so every rank builds the same head, and its bias is zero. Dropout in the
+    head is off (values must be deterministic).
     """
-    from transformers import AutoModelForTokenClassification
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
-    )
-
-    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
-                            config_key=config_key)
-    _check_supported(config, MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES, "AutoModelForTokenClassification",
-                     path, config_key, trust_remote_code)
-    if remove_padding:
-        check_packable(config, config_key)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    model, info = AutoModelForTokenClassification.from_pretrained(
-        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation=attention_implementation(remove_padding), output_loading_info=True,
-    )
+    model, info = load_pretrained("AutoModelForTokenClassification", path, dtype=dtype,
+                                  trust_remote_code=trust_remote_code, override_config=override_config,
+                                  remove_padding=remove_padding, config_key=config_key, one_label=True,
+                                  output_loading_info=True)
     head_name = "score" if hasattr(model, "score") else "classifier"
     head = getattr(model, head_name)
     if any(key.split(".")[0] == head_name for key in info["missing_keys"]):
-        std = config.initializer_range if head_init_std is None else head_init_std
-        generator = torch.Generator().manual_seed(head_init_seed)
+        std = model.config.initializer_range
+        generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             weight = torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std
             head.weight.copy_(weight)
@@ -201,8 +198,6 @@ def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, tru
                 head.bias.zero_()
         logger.info("value model %s: new %s head, N(0, %g^2)", path, head_name, std)
     model.config.architectures = [type(model).__name__]
-    if use_gradient_checkpointing:
-        enable_gradient_checkpointing(model)
     return model
 
 

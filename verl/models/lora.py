@@ -225,11 +225,10 @@ def write_adapter_folder(folder: str, state: Mapping[str, torch.Tensor], lora_co
                          base_model_path: str | None = None) -> None:
     """``adapter_config.json`` + ``adapter_model.safetensors`` into ``folder`` (each file written under a
     temporary name and renamed)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from verl.utils.fs import atomic_write
 
-    os.makedirs(folder, exist_ok=True)
     config = dict(lora_config)
     config.setdefault("peft_type", "LORA")
     if base_model_path:
@@ -237,9 +236,8 @@ def write_adapter_folder(folder: str, state: Mapping[str, torch.Tensor], lora_co
     with atomic_write(os.path.join(folder, ADAPTER_CONFIG), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True, default=list)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in peft_state_dict(state).items()}
-    tmp = os.path.join(folder, f".{ADAPTER_WEIGHTS}.tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(folder, ADAPTER_WEIGHTS))
+    with atomic_write(os.path.join(folder, ADAPTER_WEIGHTS)) as f:
+        f.write(save(tensors, metadata={"format": "pt"}))
 
 
 def load_adapter_folder(model: torch.nn.Module, folder: str, config_key: str) -> None:

@@ -27,17 +27,6 @@ def _sections(config) -> tuple[CustomRewardFunctionConfig, RewardModelConfig, Da
             RewardModelConfig.from_config(config.get("reward_model")), DataConfig.from_config(config.get("data")))
 
 
-def _to_plain(value: Any) -> Any:
-    """OmegaConf containers as plain dicts/lists (so user functions receive ordinary Python values)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:
-        return value
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
 def _load_module(path: str):
     """Import a Python file by path, under a module name unique to that path."""
     abs_path = os.path.abspath(os.path.expanduser(path))
@@ -85,7 +74,7 @@ def get_custom_reward_fn(config) -> Callable | None:
     ``(data_sources, solution_strs, ground_truths, extra_infos)`` for ``batch``.
     """
     custom, reward_model, _ = _sections(config)
-    path, reward_kwargs = custom.path, dict(_to_plain(custom.reward_kwargs) or {})
+    path, reward_kwargs = custom.path, dict(custom.reward_kwargs or {})
     if not path:
         if not reward_kwargs:
             return None
@@ -137,15 +126,11 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
     if reward_model.enable or custom.path:
         return
     from verl.data import DatasetError
-    from verl.rewards.scorers import (
-        find_scorer,
-        registered_data_sources,
-        rejected_kwargs,
-    )
+    from verl.rewards.scorers import find_scorer, registered_data_sources, rejected_kwargs
     from verl.sandbox.process import SandboxUnavailable, isolation
 
     known = registered_data_sources()
-    reward_kwargs = dict(_to_plain(custom.reward_kwargs) or {})
+    reward_kwargs = dict(custom.reward_kwargs or {})
     checked_sources, sandbox_checked = set(), set()
     source_key = data.reward_fn_key
     problems = []

@@ -12,22 +12,13 @@ with the reward model's chat template and encoded with its tokenizer.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
-from verl.models.loader import (
-    _check_supported,
-    apply_override_config,
-    attention_implementation,
-    check_packable,
-    load_hf_config,
-    resolve_dtype,
-)
+from verl.models.loader import load_pretrained
 from verl.models.logprob import call_as_forward
 from verl.models.packed import pack
-from verl.protocol import DataProto
+from verl.protocol import DataProto, left_padded
 from verl.utils.seqlen_balancing import map_micro_batches
 
 __all__ = ["compute_rm_scores", "load_reward_model", "place_scores", "retokenize_for_reward_model", "same_tokenizer",
@@ -38,22 +29,9 @@ def load_reward_model(path: str, *, dtype: torch.dtype | str = torch.float32, tr
                       override_config=None, config_key: str = "reward_model.model.path", remove_padding: bool = False):
     """An ``AutoModelForSequenceClassification`` with one label (dropout off) from ``path``; ``remove_padding``
     as in :func:`~verl.models.loader.load_causal_lm`."""
-    from transformers import AutoModelForSequenceClassification
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
-    )
-
-    config = load_hf_config(path, trust_remote_code=trust_remote_code, config_key=config_key)
-    _check_supported(config, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "AutoModelForSequenceClassification",
-                     path, config_key, trust_remote_code)
-    apply_override_config(config, override_config)
-    if remove_padding:
-        check_packable(config, config_key)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    return AutoModelForSequenceClassification.from_pretrained(
-        os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation=attention_implementation(remove_padding))
+    return load_pretrained("AutoModelForSequenceClassification", path, dtype=dtype, trust_remote_code=trust_remote_code,
+                           override_config=override_config, remove_padding=remove_padding, config_key=config_key,
+                           one_label=True)
 
 
 def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -92,7 +70,7 @@ def same_tokenizer(a, b) -> bool:
 
 
 def retokenize_for_reward_model(data: DataProto, src_tokenizer, rm_tokenizer, max_length: int | None = None):
-    """``input_ids``, ``attention_mask``, ``position_ids`` (left-padded) of each row rebuilt as
+    """A batch of ``input_ids``, ``attention_mask``, ``position_ids`` (left-padded) of each row rebuilt as
     ``raw_prompt`` messages + the decoded valid response as the assistant turn, in the reward model's
     chat template. Rows longer than ``max_length`` keep their last ``max_length`` tokens (the response)."""
     if "raw_prompt" not in data.non_tensor_batch:
@@ -108,17 +86,8 @@ def retokenize_for_reward_model(data: DataProto, src_tokenizer, rm_tokenizer, ma
         text = rm_tokenizer.apply_chat_template(chat, tokenize=False)
         ids = rm_tokenizer(text, add_special_tokens=False)["input_ids"]
         rows.append(ids[-max_length:] if max_length else ids)
-    width = max(len(r) for r in rows)
     pad = rm_tokenizer.pad_token_id if rm_tokenizer.pad_token_id is not None else 0
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, ids in enumerate(rows):
-        input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[i, width - len(ids):] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    device = data.batch["responses"].device
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
-            "position_ids": position_ids.to(device)}
+    return left_padded(rows, pad).to(data.batch["responses"].device)
 
 
 @torch.no_grad()
@@ -133,7 +102,7 @@ def compute_rm_scores(module, data: DataProto, *, micro_batch_size: int | None, 
         response_mask = data.batch["attention_mask"][:, -data.batch["responses"].shape[-1]:]
         data.batch["response_mask"] = response_mask
     if src_tokenizer is not None and rm_tokenizer is not None:
-        inputs = DataProto(batch=retokenize_for_reward_model(data, src_tokenizer, rm_tokenizer, max_length))
+        inputs = retokenize_for_reward_model(data, src_tokenizer, rm_tokenizer, max_length)
     else:
         inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"], non_tensor_batch_keys=[])
     scores = map_micro_batches(inputs, micro_batch_size, max_token_len, lambda m: sequence_scores(

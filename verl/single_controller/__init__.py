@@ -10,19 +10,10 @@
 The backends are imported from their modules, so that importing this package does not import Ray.
 """
 
-from verl.single_controller.decorator import (
-                                                 Dispatch,
-                                                 Execute,
-                                                 register,
-                                                 register_dispatch_mode,
-)
+from verl.single_controller.decorator import Dispatch, Execute, register, register_dispatch_mode
 from verl.single_controller.worker import Worker
 from verl.single_controller.worker_group import (
-                                                 ClassWithInitArgs,
-                                                 DataProtoFuture,
-                                                 WorkerError,
-                                                 WorkerFuture,
-                                                 WorkerGroup,
+    ClassWithInitArgs, DataProtoFuture, WorkerError, WorkerFuture, WorkerGroup
 )
 
 __all__ = ["Dispatch", "Execute", "register", "register_dispatch_mode", "Worker", "WorkerGroup",

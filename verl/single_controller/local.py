@@ -18,12 +18,7 @@ import torch
 import torch.distributed as dist
 
 from verl.single_controller.worker import DEVICE_ENV
-from verl.single_controller.worker_group import (
-    ClassWithInitArgs,
-    WorkerError,
-    WorkerGroup,
-    colocated_worker_class,
-)
+from verl.single_controller.worker_group import ClassWithInitArgs, WorkerError, WorkerGroup, colocated_worker_class
 
 __all__ = ["LocalWorkerGroup", "create_colocated_worker_groups"]
 

@@ -24,27 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import (
-    PlacementGroup,
-    placement_group,
-    placement_group_table,
-)
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from verl.single_controller import watchdog
 from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV
-from verl.single_controller.worker_group import (
-    ClassWithInitArgs,
-    WorkerError,
-    WorkerGroup,
-    colocated_worker_class,
-)
+from verl.single_controller.worker_group import ClassWithInitArgs, WorkerError, WorkerGroup, colocated_worker_class
 
-__all__ = ["init_ray", "ResourcePool", "RayWorkerGroup", "ClassWithInitArgs",
-           "create_colocated_worker_groups"]
+__all__ = ["init_ray", "ResourcePool", "RayWorkerGroup", "ClassWithInitArgs", "create_colocated_worker_groups"]
 
 logger = logging.getLogger("verl.single_controller")
 # Watchdogs of the local Ray instances this process started; kept referenced, since closing a watchdog's

@@ -55,11 +55,6 @@ class Worker:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    @property
-    def process_group(self):
-        """The default (world) process group, or None before :meth:`init_process_group`."""
-        return dist.group.WORLD if dist.is_initialized() else None
-
     def init_process_group(self, backend: str | None = None, timeout_s: float = 1800.0):
         """Join the group's torch.distributed world (``gloo`` on CPU, ``nccl`` on CUDA unless
         ``backend`` says otherwise). Does nothing if this process already joined one, so every

@@ -19,12 +19,7 @@ from typing import Any, Callable
 
 from verl.protocol import DataProto, unpad_dataproto
 from verl.single_controller.decorator import (
-    Dispatch,
-    Execute,
-    MethodSpec,
-    get_dispatch_mode,
-    pad_dataproto_args,
-    registered_methods,
+    Dispatch, Execute, MethodSpec, get_dispatch_mode, pad_dataproto_args, registered_methods
 )
 
 __all__ = ["ClassWithInitArgs", "WorkerGroup", "WorkerError", "WorkerFuture", "DataProtoFuture",

@@ -16,20 +16,10 @@ from verl.base_config import BaseConfig, flatten, plain_value
 from verl.trainer.config import PPO_CONFIG_NAME, ConfigError
 from verl.trainer.config.algorithm import PPOAlgorithmConfig
 from verl.trainer.config.compose import closest_key, compose_ppo_config, dotted_keys
-from verl.trainer.config.config import (
-    CustomRewardFunctionConfig,
-    DataConfig,
-    TrainerConfig,
-)
+from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig, TrainerConfig
 from verl.trainer.config.spec import need_critic
 from verl.workers.config import (
-    ActorConfig,
-    ActorRolloutRefConfig,
-    CriticConfig,
-    ModelConfig,
-    RefConfig,
-    RewardModelConfig,
-    RolloutConfig,
+    ActorConfig, ActorRolloutRefConfig, CriticConfig, ModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 )
 
 __all__ = ["PPOTrainer", "build_ppo_config"]

@@ -23,16 +23,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config import (
-    ConfigError,
-    batch_checks,
-    checks,
-    lora_checks,
-    multi_turn_checks,
-    unused_keys,
-)
+from verl.trainer.config import ConfigError, batch_checks, checks, lora_checks, multi_turn_checks, unused_keys
 from verl.trainer.config.checks import Issue, Run, check_types
-from verl.trainer.config.compose import compose_ppo_config, default_ppo_values
+from verl.trainer.config import PPO_CONFIG_NAME
+from verl.trainer.config.compose import compose_ppo_config, default_config_values
 
 # The checks validate_config runs after check_types, in this order; a new check is one function
 # added to checks.py (or unused_keys.py) and listed here.
@@ -83,7 +77,7 @@ def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = Non
             f"{key}: cannot be resolved ({str(e).splitlines()[0]}). Fix or remove the ${{...}} reference"
         ]) from e
 
-    run = Run(cfg=values, defaults=default_ppo_values(), raw=OmegaConf.to_container(config, resolve=False))
+    run = Run(cfg=values, defaults=default_config_values(PPO_CONFIG_NAME), raw=OmegaConf.to_container(config, resolve=False))
     issues = list(check_types(run))
     run.bad_keys = {issue.key for issue in issues}
     _count_devices(run, n_devices)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
-import shutil
 import sys
 import tempfile
 import time
@@ -38,11 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 from verl.trainer.config import ConfigError
 from verl.trainer.config.compose import compose_config, default_config_values
 from verl.utils.logging_utils import configure_logging
+from verl.utils.seqlen_balancing import all_reduce_scalar
 
 logger = logging.getLogger("verl.sft")
 
 CONFIG_NAME = "sft_trainer"
-_STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -60,12 +58,10 @@ def _problems(values: dict, world_size: int) -> tuple[list[str], list[str]]:
     from verl.workers.engine.checkpoint import CONTENTS
 
     run = Run(cfg=values, defaults=default_config_values(CONFIG_NAME))
-    errors = [str(issue) for issue in check_types(run)]
-    bad = {e.split(":", 1)[0] for e in errors}
-
-    def get(key):  # a value of the wrong type is reported once, then read as unset
-        return None if key in bad else run.get(key)
-
+    issues = list(check_types(run))
+    errors = [str(issue) for issue in issues]
+    run.bad_keys = {issue.key for issue in issues}  # a value of the wrong type is reported once, then read as unset
+    get = run.get
     warnings: list[str] = []
 
     for key, allowed in (("data.truncation", ("error", "left", "right")), ("trainer.device", ("cuda", "cpu")),
@@ -169,23 +165,6 @@ def _token_nll(module, micro_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return -(log_probs * mask).sum(), mask.sum()
 
 
-def _rotate(root: str, keep: int | None) -> None:
-    """Delete all but the newest ``keep`` global_step_* folders (None: keep all)."""
-    if not keep or not os.path.isdir(root):
-        return
-    steps = sorted(int(m.group(1)) for name in os.listdir(root) if (m := _STEP_DIR.match(name)))
-    for step in steps[:-keep]:
-        shutil.rmtree(os.path.join(root, f"global_step_{step}"), ignore_errors=True)
-
-
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    if dist.get_world_size() == 1:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return tensor.tolist()
-
-
 # ------------------------------------------------------------------------------------------------ trainer
 class FSDPSFTTrainer:
     """Supervised fine-tuning of one causal LM over every rank of the default process group."""
@@ -244,7 +223,7 @@ class FSDPSFTTrainer:
         with self.engine.on_device(optimizer=True):
             stats = self.engine.train_step(micro_batches, loss_fn)
         self.engine.lr_scheduler_step()
-        (loss,) = _all_reduce_sum([stats["loss"]], self.device)
+        loss = all_reduce_scalar(stats["loss"])
         tokens = int(batch["attention_mask"].sum())
         return {"train/loss": loss / self.world_size, "train/lr": stats["lr"], "train/grad_norm": stats["grad_norm"],
                 "train/global_tokens": tokens, "train/tokens_per_s": tokens / (time.perf_counter() - start),
@@ -264,7 +243,7 @@ class FSDPSFTTrainer:
                 rows = slice(self.rank * self.micro, (self.rank + 1) * self.micro)
                 nll, count = _token_nll(self.engine.module, {k: v[rows].to(self.device) for k, v in batch.items()})
                 nll_sum, token_sum = nll_sum + float(nll), token_sum + float(count)
-        nll_sum, token_sum = _all_reduce_sum([nll_sum, token_sum], self.device)
+        nll_sum, token_sum = all_reduce_scalar(nll_sum), all_reduce_scalar(token_sum)
         return nll_sum / max(token_sum, 1.0)
 
     # ---------------------------------------------------------------------------------------- checkpoints
@@ -278,7 +257,7 @@ class FSDPSFTTrainer:
             checkpointing.save_driver_state(path, {"global_step": self.global_step,
                                                    "dataloader": self.train_loader.state_dict()})
             checkpointing.mark_complete(self.checkpoint_root, self.global_step)
-            _rotate(self.checkpoint_root, self.config.trainer.max_ckpt_to_keep)
+            checkpointing.rotate(self.checkpoint_root, None, self.config.trainer.max_ckpt_to_keep)
         return path
 
     def load_checkpoint(self) -> None:

@@ -23,6 +23,7 @@ import sys
 from collections import defaultdict
 
 from verl.trainer.config_validation import ConfigError
+from verl.utils.fs import atomic_write
 
 EVALUATION_CONFIG = "evaluation"
 
@@ -119,11 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key}: {value:.4f}")
     output = config.metrics.output_path
     if output:
-        output = os.path.expanduser(str(output))
-        partial = f"{output}.partial-{os.getpid()}"
-        with open(partial, "w") as f:
+        with atomic_write(os.path.expanduser(str(output)), "w") as f:
             json.dump(metrics, f, indent=1)
-        os.replace(partial, output)
     return 0
 
 

@@ -41,12 +41,6 @@ _TO_PPO = {
 }
 
 
-def compose_generation_config(overrides) -> OmegaConf:
-    from verl.trainer.config.compose import compose_config
-
-    return compose_config(list(overrides), default_config_name=GENERATION_CONFIG)
-
-
 def check_generation_config(config) -> None:
     """What can be checked before any worker starts: files, columns, sampling settings."""
     path = os.path.expanduser(str(config.data.path))
@@ -96,6 +90,8 @@ def generate(config) -> str:
     from verl.models import load_tokenizer
     from verl.protocol import DataProto
     from verl.single_controller import ClassWithInitArgs
+    from verl.trainer.ppo.roles import start_groups
+    from verl.utils.fs import atomic_write
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     check_generation_config(config)
@@ -111,21 +107,9 @@ def generate(config) -> str:
     roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=ppo.actor_rollout_ref, role="rollout",
                                                 nccl_timeout_s=ppo.actor_rollout_ref.nccl_timeout)}
     trainer = ppo.trainer
-    if trainer.backend == "local":
-        from verl.single_controller.local import create_colocated_worker_groups
-
-        pool = None
-    else:
-        from verl.single_controller.ray import (
-            ResourcePool,
-            create_colocated_worker_groups,
-            init_ray,
-        )
-
-        init_ray(ppo.ray_kwargs, device=trainer.device)
-        pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=trainer.device == "cuda",
-                            name="generation_pool")
-    group = create_colocated_worker_groups(pool, roles, device=trainer.device)["actor_rollout"]
+    groups, _, pools = start_groups(trainer, ppo.ray_kwargs, {
+        "generation_pool": ([trainer.n_gpus_per_node] * trainer.nnodes, roles)})
+    group = groups["actor_rollout"]
     n = int(config.data.n_samples)
     responses: list[list[str]] = []
     try:
@@ -139,25 +123,24 @@ def generate(config) -> str:
             print(f"[main_generation] {len(responses)}/{len(dataset)} prompts", flush=True)
     finally:
         group.shutdown()
-        if pool is not None:
+        for pool in pools:
             pool.remove()
     frame = pd.read_parquet(path)
     frame["responses"] = pd.Series([np.array(r, dtype=object) for r in responses], index=frame.index)
     output = os.path.expanduser(str(config.data.output_path))
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    partial = f"{output}.partial-{os.getpid()}"
-    frame.to_parquet(partial)
-    os.replace(partial, output)
+    with atomic_write(output) as f:
+        frame.to_parquet(f)
     return output
 
 
 def main(argv: list[str] | None = None) -> int:
     from verl.single_controller import WorkerError
+    from verl.trainer.config.compose import compose_config
     from verl.utils.logging_utils import configure_logging
 
     configure_logging()
     try:
-        config = compose_generation_config(sys.argv[1:] if argv is None else argv)
+        config = compose_config(sys.argv[1:] if argv is None else argv, default_config_name=GENERATION_CONFIG)
         output = generate(config)
     except ConfigError as err:
         print(err, file=sys.stderr)

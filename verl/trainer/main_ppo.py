@@ -12,11 +12,7 @@ import errno
 import os
 import sys
 
-from verl.trainer.config_validation import (
-    ConfigError,
-    compose_ppo_config,
-    validate_config,
-)
+from verl.trainer.config_validation import ConfigError, compose_ppo_config, validate_config
 from verl.trainer.preflight import preflight
 from verl.utils.logging_utils import configure_logging
 

@@ -100,20 +100,13 @@ def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, 
 def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, override_config=None,
                 value_head: bool = False) -> ModelShape:
     """Counts the parameters of the model at ``path`` on the meta device (nothing is allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from verl.models.loader import load_hf_config
 
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key=config_key)
-    return shape_of_config(config, trust_remote_code=trust_remote_code, value_head=value_head,
-                           where=f"{config_key}={path!r}")
-
-
-def shape_of_config(config, *, trust_remote_code: bool = False, value_head: bool = False,
-                    where: str = "the model") -> ModelShape:
-    """:class:`ModelShape` of a transformers config, its parameters counted on the meta device."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
@@ -123,7 +116,7 @@ def shape_of_config(config, *, trust_remote_code: bool = False, value_head: bool
     if not isinstance(layers, torch.nn.ModuleList):
         layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
     if not layers:
-        raise ValueError(f"{where}: no decoder layer list found in {type(model).__name__}")
+        raise ValueError(f"{config_key}={path!r}: no decoder layer list found in {type(model).__name__}")
     layer_params = sum(p.numel() for p in layers[0].parameters())
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads

@@ -219,6 +219,13 @@ def _draw_reward(ax: Axes, table: _Table) -> list[str]:
             + _line(ax, table, "critic/rewards/mean"))
 
 
+def _draw_lines(ylabel: str, *keys: str) -> Callable[[Axes, _Table], list[str]]:
+    def draw(ax: Axes, table: _Table) -> list[str]:
+        ax.set_ylabel(ylabel)
+        return [k for key in keys for k in _line(ax, table, key)]
+    return draw
+
+
 def _draw_val_accuracy(ax: Axes, table: _Table) -> list[str]:
     ax.set_ylabel("accuracy")
     keys = [key for key in table.with_prefix("val-core/") if not key.endswith("/std")]  # spreads are not scores
@@ -231,24 +238,9 @@ def _draw_response_length(ax: Axes, table: _Table) -> list[str]:
             + _second_axis(ax, table, "response_length/clip_ratio", "clip ratio"))
 
 
-def _draw_kl(ax: Axes, table: _Table) -> list[str]:
-    ax.set_ylabel("KL")
-    return [k for key in ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty") for k in _line(ax, table, key)]
-
-
-def _draw_entropy(ax: Axes, table: _Table) -> list[str]:
-    ax.set_ylabel("entropy")
-    return _line(ax, table, "actor/entropy")
-
-
 def _draw_loss(ax: Axes, table: _Table) -> list[str]:
     ax.set_ylabel("policy loss")
     return _line(ax, table, "actor/pg_loss") + _second_axis(ax, table, "critic/vf_loss", "value loss")
-
-
-def _draw_throughput(ax: Axes, table: _Table) -> list[str]:
-    ax.set_ylabel("tokens / s / GPU")
-    return _line(ax, table, "perf/throughput")
 
 
 # Pipeline order of the trainer's stages (bottom of the stack first); other stages follow by name.
@@ -303,10 +295,10 @@ PANELS = (
     Panel("val_accuracy", "Validation accuracy", ("val-core/",), _draw_val_accuracy),
     Panel("response_length", "Response length", ("response_length/mean", "response_length/clip_ratio"),
           _draw_response_length),
-    Panel("kl", "KL", ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty"), _draw_kl),
-    Panel("entropy", "Entropy", ("actor/entropy",), _draw_entropy),
+    Panel("kl", "KL", _KL := ("actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty"), _draw_lines("KL", *_KL)),
+    Panel("entropy", "Entropy", ("actor/entropy",), _draw_lines("entropy", "actor/entropy")),
     Panel("loss", "Loss", ("actor/pg_loss", "critic/vf_loss"), _draw_loss),
-    Panel("throughput", "Throughput", ("perf/throughput",), _draw_throughput),
+    Panel("throughput", "Throughput", ("perf/throughput",), _draw_lines("tokens / s / GPU", "perf/throughput")),
     Panel("timing", "Time per stage", ("timing_s/",), _draw_timing),
 )
 PANEL_NAMES = tuple(p.name for p in PANELS)

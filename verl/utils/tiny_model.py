@@ -37,15 +37,7 @@ def build_tiny_tokenizer(save_dir: str, corpus: list[str] | None = None, vocab_s
 
     Returns the saved directory; load it with ``transformers.AutoTokenizer.from_pretrained``.
     """
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -87,12 +79,7 @@ def build_tiny_causal_lm(save_dir: str, tokenizer_dir: str | None = None, arch: 
     Returns ``save_dir``; load it with ``AutoModelForCausalLM.from_pretrained``.
     """
     import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        LlamaConfig,
-        Qwen2Config,
-    )
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
     if vocab_size is None:

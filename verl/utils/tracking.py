@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from verl.utils.fs import atomic_write
 from verl.utils.logging_utils import get_logger
 
 logger = get_logger(__name__)
@@ -176,10 +177,8 @@ class FileLogger:
             lines = f.readlines()
         kept = [line for line in lines if not line.strip() or _step_of(line) <= step]
         if len(kept) != len(lines):
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            with atomic_write(self.path, "w") as f:
                 f.writelines(kept)
-            os.replace(tmp, self.path)
             print(f"[verl] file logger: dropped {len(lines) - len(kept)} line(s) after step {step} from {self.path} "
                   "(the run resumes from that step)", flush=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115

@@ -22,11 +22,7 @@ import torch.distributed as dist
 from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.models import forward_logprobs
 from verl.protocol import DataProto
-from verl.utils.seqlen_balancing import (
-    all_reduce_scalar,
-    map_micro_batches,
-    split_micro_batches,
-)
+from verl.utils.seqlen_balancing import all_reduce_scalar, map_micro_batches, split_micro_batches
 from verl.workers.config.actor import ActorConfig, RefConfig
 
 __all__ = ["DataParallelPPOActor", "check_finite", "run_mini_batches"]

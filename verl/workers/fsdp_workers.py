@@ -25,30 +25,15 @@ import torch
 
 from verl.interactions.base import load_interactions
 from verl.models import load_causal_lm, load_tokenizer, load_value_model
-from verl.models.lora import (
-    LoraSettings,
-    adapters_disabled,
-    apply_lora,
-    lora_config_dict,
-    merge_into_gathered_weights,
-)
+from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
 from verl.protocol import DataProto
 from verl.rewards.model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.single_controller import Dispatch, Worker, register
 from verl.tools.base import load_tools
 from verl.utils.debug import memory_usage
 from verl.workers.actor import DataParallelPPOActor
-from verl.workers.config import (
-    ActorRolloutRefConfig,
-    CriticConfig,
-    ModelConfig,
-    RewardModelConfig,
-)
-from verl.workers.config.batching import (
-    critic_batching,
-    policy_batching,
-    reward_model_batching,
-)
+from verl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RewardModelConfig
+from verl.workers.config.batching import critic_batching, policy_batching, reward_model_batching
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.engine import FSDPEngine
 from verl.workers.engine.fsdp import mixed_precision_policy

@@ -9,18 +9,7 @@ from verl.rewards.managers.batch import BatchRewardManager
 from verl.rewards.managers.dapo import DAPORewardManager
 from verl.rewards.managers.naive import NaiveRewardManager
 from verl.rewards.managers.prime import PrimeRewardManager
-from verl.rewards.managers.registry import (
-    get_reward_manager_cls,
-    register,
-    registered_reward_managers,
-)
+from verl.rewards.managers.registry import get_reward_manager_cls, register, registered_reward_managers
 
-__all__ = [
-    "BatchRewardManager",
-    "DAPORewardManager",
-    "NaiveRewardManager",
-    "PrimeRewardManager",
-    "get_reward_manager_cls",
-    "register",
-    "registered_reward_managers",
-]
+__all__ = ["BatchRewardManager", "DAPORewardManager", "NaiveRewardManager", "PrimeRewardManager",
+           "get_reward_manager_cls", "register", "registered_reward_managers"]

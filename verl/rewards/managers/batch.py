@@ -5,11 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from verl.rewards.managers.naive import (
-    NaiveRewardManager,
-    ScoringInput,
-    split_result,
-)
+from verl.rewards.managers.naive import NaiveRewardManager, ScoringInput, split_result
 from verl.rewards.managers.registry import register
 
 __all__ = ["BatchRewardManager"]

@@ -16,16 +16,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from verl.rewards.scorers import (
-    code,
-    geo3k,
-    gsm8k,
-    math_dapo,
-    math_reward,
-    prime_math,
-    reverse_digits,
-    search_qa,
-)
+from verl.rewards.scorers import code, geo3k, gsm8k, math_dapo, math_reward, prime_math, reverse_digits, search_qa
 
 __all__ = ["default_compute_score", "find_scorer", "register_score", "registered_data_sources", "rejected_kwargs"]
 

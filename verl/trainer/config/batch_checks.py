@@ -6,17 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl.trainer.config.checks import (
-    ACTOR,
-    AR,
-    REF,
-    ROLLOUT,
-    Issue,
-    Run,
-    _positive_int,
-    error,
-    warn,
-)
+from verl.trainer.config.checks import ACTOR, AR, REF, ROLLOUT, Issue, Run, _positive_int, error, warn
 from verl.workers.config.batching import micro_rows_per_device, uses_token_budget
 
 _REMOVE_PADDING = {ACTOR: f"{AR}.model.use_remove_padding", ROLLOUT: f"{AR}.model.use_remove_padding",

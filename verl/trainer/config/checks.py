@@ -21,18 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.algorithms import (
-    KL_PENALTY_TYPES,
-    LOSS_AGG_MODES,
-    get_adv_estimator_fn,
-    get_policy_loss_fn,
-    registered_adv_estimators,
-    registered_policy_losses,
+    KL_PENALTY_TYPES, LOSS_AGG_MODES, get_adv_estimator_fn, get_policy_loss_fn, registered_adv_estimators,
+    registered_policy_losses
 )
 from verl.base_config import BaseConfig
-from verl.rewards.managers import (
-    get_reward_manager_cls,
-    registered_reward_managers,
-)
+from verl.rewards.managers import get_reward_manager_cls, registered_reward_managers
 from verl.trainer.config.compose import dotted_keys
 from verl.trainer.config.spec import RunSpec, need_critic, need_reference_policy
 from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS

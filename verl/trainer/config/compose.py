@@ -75,11 +75,6 @@ def dotted_keys(node: Any, prefix: str = "") -> Iterator[str]:
             yield from dotted_keys(value, f"{path}.")
 
 
-def default_ppo_values() -> dict:
-    """The resolved defaults of ppo_trainer.yaml, as plain containers (a fresh copy on each call)."""
-    return default_config_values(PPO_CONFIG_NAME)
-
-
 def default_config_values(config_name: str) -> dict:
     """The resolved defaults of ``<config_name>.yaml`` in this folder (a fresh copy on each call)."""
     return copy.deepcopy(yaml_defaults(config_name))

@@ -18,25 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.trainer.config.algorithm import AlgoConfig
-from verl.trainer.config.config import (
-    CustomRewardFunctionConfig,
-    DataConfig,
-    TrainerConfig,
-)
-from verl.workers.config import (
-    ActorRolloutRefConfig,
-    CriticConfig,
-    ModelConfig,
-    RewardModelConfig,
-)
-from verl.workers.config.batching import (
-    Batching,
-    CriticBatching,
-    PolicyBatching,
-    critic_batching,
-    policy_batching,
-    reward_model_batching,
-)
+from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig, TrainerConfig
+from verl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RewardModelConfig
+from verl.workers.config.batching import CriticBatching, PolicyBatching, critic_batching, policy_batching
 
 __all__ = ["RunSpec", "need_critic", "need_reference_policy", "pool_layout", "resolve_run"]
 
@@ -97,10 +81,6 @@ class RunSpec:
     @functools.cached_property
     def critic_batching(self) -> CriticBatching | None:
         return critic_batching(self.critic, self.world_size("critic")) if self.use_critic else None
-
-    @functools.cached_property
-    def rm_batching(self) -> Batching | None:
-        return reward_model_batching(self.reward_model, self.world_size("rm")) if self.use_rm else None
 
     def world_size(self, role: str) -> int:
         """Devices of the pool ``role`` runs on."""

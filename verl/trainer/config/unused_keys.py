@@ -5,16 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl.trainer.config.checks import (
-    ACTOR,
-    AR,
-    ROLLOUT,
-    Issue,
-    Run,
-    _format,
-    error,
-    warn,
-)
+from verl.trainer.config.checks import ACTOR, AR, ROLLOUT, Issue, Run, _format, error, warn
 from verl.trainer.config.compose import dotted_keys
 from verl.workers.rollout.registry import ignored_config_keys
 

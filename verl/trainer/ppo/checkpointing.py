@@ -99,19 +99,20 @@ def mark_complete(root: str, step: int) -> None:
         f.write(str(step))
 
 
-def rotate(root: str, role: str, keep: int | None) -> None:
-    """Delete the ``role`` folders of all but the newest ``keep`` checkpoints (None or <= 0: keep all).
+def rotate(root: str, role: str | None, keep: int | None) -> None:
+    """Delete the ``role`` folders of all but the newest ``keep`` checkpoints (None or <= 0: keep all); with
+    ``role=None`` whole step folders (the SFT trainer writes its shards straight into them).
 
     A step folder left with nothing in it is removed too.
     """
     if not keep or keep <= 0 or not os.path.isdir(root):
         return
     steps = sorted(int(m.group(1)) for name in os.listdir(root) if (m := _STEP_DIR.match(name))
-                   and os.path.isdir(os.path.join(root, name, role)))
+                   and (role is None or os.path.isdir(os.path.join(root, name, role))))
     for step in steps[:-keep]:
         folder = step_dir(root, step)
-        shutil.rmtree(os.path.join(folder, role), ignore_errors=True)
-        remaining = set(os.listdir(folder)) - {"data.pt"}
-        if not remaining:
+        if role is not None:
+            shutil.rmtree(os.path.join(folder, role), ignore_errors=True)
+        if role is None or not set(os.listdir(folder)) - {"data.pt"}:
             shutil.rmtree(folder, ignore_errors=True)
-        logger.info("removed old checkpoint %s/%s", folder, role)
+        logger.info("removed old checkpoint %s", folder if role is None else os.path.join(folder, role))

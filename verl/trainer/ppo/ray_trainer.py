@@ -23,22 +23,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from verl.algorithms import (
-    agg_loss,
-    apply_kl_penalty,
-    compute_advantage,
-    get_kl_controller,
-)
-from verl.data import collate_fn, create_rl_sampler, make_dataloader
-from verl.protocol import DataProto
+from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from verl.data import create_rl_sampler, make_dataloader
+from verl.protocol import DataProto, object_array
 from verl.trainer.config.spec import prompts_per_round, resolve_run
 from verl.trainer.ppo import checkpointing
 from verl.trainer.ppo.metric_utils import (
-    compute_data_metrics,
-    compute_rollout_probs_diff,
-    compute_throughput_metrics,
-    compute_timing_metrics,
-    reduce_metrics,
+    compute_data_metrics, compute_rollout_probs_diff, compute_throughput_metrics, compute_timing_metrics, reduce_metrics
 )
 from verl.trainer.ppo.roles import WorkerGroups
 from verl.trainer.ppo.validation import dump_generations, validate
@@ -54,14 +45,6 @@ def compute_reward(batch: DataProto, reward_fn) -> tuple[torch.Tensor, dict[str,
     """Token-level scores (B, R) and the per-sample extra info the reward function returned."""
     result = reward_fn(batch, return_dict=True)
     return result["reward_tensor"], result.get("reward_extra_info", {})
-
-
-def _object_array(values) -> np.ndarray:
-    """A 1-D object array of ``values`` (np.asarray would make a 2-D one of equal-length lists)."""
-    array = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        array[i] = value
-    return array
 
 
 class DynamicSamplingError(RuntimeError):
@@ -91,8 +74,7 @@ class RayPPOTrainer:
         self.filter_groups = self.spec.algorithm.filter_groups.enable
         _, prompts = prompts_per_round(self.spec.data, self.spec.algorithm)
         self.train_sampler = create_rl_sampler(self.spec.data, train_dataset)
-        self.train_dataloader = make_dataloader(train_dataset, batch_size=prompts, sampler=self.train_sampler,
-                                                drop_last=True, collate_fn=collate_fn)
+        self.train_dataloader = make_dataloader(train_dataset, batch_size=prompts, sampler=self.train_sampler)
         self.use_critic, self.use_reference_policy, self.use_rm = (
             self.spec.use_critic, self.spec.use_reference_policy, self.spec.use_rm)
         algorithm = self.spec.algorithm
@@ -202,7 +184,7 @@ class RayPPOTrainer:
             if self.use_rm:
                 batch = batch.union(groups.rm.compute_rm_score(batch))
             scores, extra_info = compute_reward(batch, self.reward_fn)
-            batch.non_tensor_batch.update({k: _object_array(v) for k, v in extra_info.items()})
+            batch.non_tensor_batch.update({k: object_array(v) for k, v in extra_info.items()})
         batch.batch["token_level_scores"] = scores
         return batch
 

@@ -24,11 +24,7 @@ class WorkerGroups:
     @classmethod
     def create(cls, spec: RunSpec) -> "WorkerGroups":
         """Start the worker groups of ``spec``'s roles on its pools and load every model."""
-        from verl.workers.fsdp_workers import (
-            ActorRolloutRefWorker,
-            CriticWorker,
-            RewardModelWorker,
-        )
+        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
         role = "actor_rollout_ref" if spec.use_reference_policy else "actor_rollout"
         timeout = spec.actor_rollout_ref.nccl_timeout  # every role: whichever joins first sets the group's
@@ -39,30 +35,9 @@ class WorkerGroups:
                                                 rollout_n=spec.actor_rollout_ref.rollout.n)
         if spec.use_rm:
             roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=spec.reward_model, nccl_timeout_s=timeout)
-        trainer = spec.trainer
-        if trainer.backend == "local":
-            from verl.single_controller.local import create_colocated_worker_groups
-
-            def make_pool(name, layout):
-                return None  # the local backend has one process: every pool is this process
-        else:
-            from verl.single_controller.ray import (
-                ResourcePool,
-                create_colocated_worker_groups,
-                init_ray,
-            )
-
-            init_ray(spec.ray_kwargs, device=trainer.device)
-
-            def make_pool(name, layout):
-                return ResourcePool(layout, use_gpu=trainer.device == "cuda", name=name)
-
-        groups, hosts = {}, []
-        for pool_name, layout in spec.pools.items():
-            pool_roles = {r: c for r, c in roles.items() if spec.role_pool[r] == pool_name}
-            made = create_colocated_worker_groups(make_pool(pool_name, layout), pool_roles, device=trainer.device)
-            groups.update(made)
-            hosts.append(next(iter(made.values())))
+        groups, hosts, _ = start_groups(spec.trainer, spec.ray_kwargs, {
+            name: (layout, {r: c for r, c in roles.items() if spec.role_pool[r] == name})
+            for name, layout in spec.pools.items()})
         workers = cls(actor_rollout=groups["actor_rollout"], critic=groups.get("critic"), rm=groups.get("rm"),
                       hosts=hosts)
         try:
@@ -78,3 +53,25 @@ class WorkerGroups:
     def shutdown(self) -> None:
         for host in self.hosts:
             host.shutdown()
+
+
+def start_groups(trainer, ray_kwargs, pools: dict) -> tuple[dict, list, list]:
+    """``pools`` is ``{pool name: (devices on each node, {role: ClassWithInitArgs})}``; starts each pool's roles
+    colocated (Ray actors, or this process with ``trainer.backend=local``). Returns the role groups, one host group
+    per pool (stopping it stops the pool's processes) and the Ray resource pools (none with the local backend)."""
+    if trainer.backend == "local":
+        from verl.single_controller.local import create_colocated_worker_groups
+    else:
+        from verl.single_controller.ray import ResourcePool, create_colocated_worker_groups, init_ray
+
+        init_ray(ray_kwargs, device=trainer.device)
+    groups, hosts, resource_pools = {}, [], []
+    for name, (layout, roles) in pools.items():
+        pool = None
+        if trainer.backend != "local":  # the local backend has one process: every pool is this process
+            pool = ResourcePool(layout, use_gpu=trainer.device == "cuda", name=name)
+            resource_pools.append(pool)
+        made = create_colocated_worker_groups(pool, roles, device=trainer.device)
+        groups.update(made)
+        hosts.append(next(iter(made.values())))
+    return groups, hosts, resource_pools

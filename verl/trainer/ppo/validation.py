@@ -10,10 +10,7 @@ import torch
 
 from verl.data import collate_fn
 from verl.protocol import DataProto
-from verl.trainer.ppo.metric_utils import (
-    flatten_validation_metrics,
-    process_validation_metrics,
-)
+from verl.trainer.ppo.metric_utils import flatten_validation_metrics, process_validation_metrics
 
 
 def validate(config, actor_rollout, val_dataset, val_reward_fn, tokenizer, global_step: int) -> dict:

@@ -48,18 +48,12 @@ logger = logging.getLogger(__name__)
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 FSDP_CONFIG_FILE = "fsdp_config.json"
 HF_DIR = "huggingface"
+_SHARD_PREFIX = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
 
 
-def model_file(world_size: int, rank: int) -> str:
-    return f"model_world_size_{world_size}_rank_{rank}.pt"
-
-
-def optim_file(world_size: int, rank: int) -> str:
-    return f"optim_world_size_{world_size}_rank_{rank}.pt"
-
-
-def extra_file(world_size: int, rank: int) -> str:
-    return f"extra_state_world_size_{world_size}_rank_{rank}.pt"
+def shard_file(part: str, world_size: int, rank: int) -> str:
+    """This rank's file of ``part`` (model, optimizer or extra)."""
+    return f"{_SHARD_PREFIX[part]}_world_size_{world_size}_rank_{rank}.pt"
 
 
 def _check_contents(contents: Iterable[str]) -> set[str]:
@@ -200,13 +194,14 @@ def save_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
     world_size, rank = engine.world_size, engine.rank
     os.makedirs(local_path, exist_ok=True)
     if "model" in chosen:
-        atomic_torch_save(_model_payload(engine), os.path.join(local_path, model_file(world_size, rank)))
+        atomic_torch_save(_model_payload(engine), os.path.join(local_path, shard_file("model", world_size, rank)))
     if "optimizer" in chosen:
-        atomic_torch_save(_optim_payload(engine.optimizer), os.path.join(local_path, optim_file(world_size, rank)))
+        atomic_torch_save(_optim_payload(engine.optimizer),
+                          os.path.join(local_path, shard_file("optimizer", world_size, rank)))
     if "extra" in chosen:
         scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
         atomic_torch_save({"lr_scheduler": scheduler, "rng": _rng_state()},
-                           os.path.join(local_path, extra_file(world_size, rank)))
+                           os.path.join(local_path, shard_file("extra", world_size, rank)))
     full_state = engine.full_state_dict() if "hf_model" in chosen else None
     lora_config = getattr(engine, "lora_config", None)
     if rank == 0:
@@ -220,10 +215,7 @@ def save_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
                 name: full_state[name] for name in engine.checkpointed_names}, lora_config)
             full_state = None
         _write_hf_folder(engine, local_path, tokenizer, full_state)
-    if engine.device.type == "cuda":
-        dist.barrier(device_ids=[engine.device.index])
-    else:
-        dist.barrier()
+    dist.barrier(device_ids=[engine.device.index] if engine.device.type == "cuda" else None)
     logger.info("saved %s to %s", sorted(chosen), local_path)
 
 
@@ -246,8 +238,7 @@ def load_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
             "with `python -m verl.model_merger merge --backend fsdp --local_dir ...` and start from that model."
         )
     world_size, rank = engine.world_size, engine.rank
-    files = {"model": model_file(world_size, rank), "optimizer": optim_file(world_size, rank),
-             "extra": extra_file(world_size, rank)}
+    files = {part: shard_file(part, world_size, rank) for part in _SHARD_PREFIX}
     absent = sorted(part for part in chosen if not os.path.isfile(os.path.join(local_path, files[part])))
     if absent:
         raise FileNotFoundError(f"{local_path} holds no {[files[part] for part in absent]}: the checkpoint was saved "
@@ -279,8 +270,8 @@ def _read(path: str):
 def load_full_model_state_dict(local_path: str) -> dict[str, torch.Tensor]:
     """The full model state dict, rebuilt on the CPU from every rank's model file (no process group needed)."""
     world_size = read_fsdp_config(local_path)["world_size"]
-    shards = [torch.load(os.path.join(local_path, model_file(world_size, r)), map_location="cpu", weights_only=True)
-              for r in range(world_size)]
+    shards = [torch.load(os.path.join(local_path, shard_file("model", world_size, r)), map_location="cpu",
+                         weights_only=True) for r in range(world_size)]
     full = {}
     for name, shape in shards[0]["global_shapes"].items():
         dim = shards[0]["shard_dims"][name]

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from verl.protocol import DataProto
+from verl.protocol import DataProto, object_array
 from verl.workers.config.rollout import MultiTurnConfig
 from verl.workers.rollout.base import EpisodeTokens, left_padded
 
@@ -383,11 +383,10 @@ class ToolAgentLoop:
         if self.interactions:
             stats["__turn_score__"] = [sum(e.turn_scores) for e in episodes]
             extra = non_tensor.get("extra_info")
-            infos = np.empty(len(episodes), dtype=object)
-            for i, e in enumerate(episodes):  # each sample its own dict (np.repeat shares one per prompt)
-                base = extra[i] if extra is not None and isinstance(extra[i], dict) else {}
-                infos[i] = {**base, "turn_scores": list(e.turn_scores)}
-            non_tensor["extra_info"] = infos
+            # Each sample its own dict (np.repeat shares one per prompt).
+            non_tensor["extra_info"] = object_array([
+                {**(extra[i] if extra is not None and isinstance(extra[i], dict) else {}),
+                 "turn_scores": list(e.turn_scores)} for i, e in enumerate(episodes)])
         non_tensor.update({k: np.asarray(v) for k, v in stats.items()})
         responses = tokens.responses
         return DataProto.from_dict(

@@ -20,23 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from verl.protocol import DataProto
+from verl.protocol import DataProto, left_padded
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "BaseRollout",
-    "EpisodeTokens",
-    "SamplingParams",
-    "TurnHandler",
-    "build_rollout_output",
-    "check_left_padded",
-    "left_padded",
-    "resolve_sampling_params",
-    "wait_for_continuations",
-]
+__all__ = ["BaseRollout", "EpisodeTokens", "SamplingParams", "TurnHandler", "build_rollout_output",
+           "check_left_padded", "left_padded", "resolve_sampling_params", "wait_for_continuations"]
 
 # ----------------------------------------------------------------------------- sampling settings
 
@@ -213,16 +204,6 @@ class BaseRollout(ABC):
                     log_probs[r] += [0.0] * len(more)
                     active.append(r)
         return EpisodeTokens.from_lists(tokens, generated, log_probs, budget, pad)
-
-
-def left_padded(sequences: list[list[int]], pad: int, meta_info: dict, width: int | None = None) -> DataProto:
-    """Token id lists as a left-padded prompt batch (``input_ids``, ``attention_mask``, ``position_ids``)
-    of ``width`` columns (default: the longest)."""
-    width = max(map(len, sequences)) if width is None else width
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in sequences], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in sequences], dtype=torch.long)
-    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
-                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=dict(meta_info))
 
 
 def wait_for_continuations(futures: list, return_when=concurrent.futures.FIRST_COMPLETED) -> float:

@@ -13,21 +13,11 @@ import contextlib
 
 import torch
 from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
+    GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 )
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import (
-    BaseRollout,
-    SamplingParams,
-    build_rollout_output,
-    check_left_padded,
-)
+from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
 from verl.workers.rollout.registry import register_rollout
 
 __all__ = ["HFRollout"]
@@ -96,13 +86,6 @@ class HFRollout(BaseRollout):
     (of the ``B*n`` output rows; all at once when unset). The module is put in eval mode for the
     call and its previous mode restored. Sampling uses the global torch RNG: seed torch, or pass
     ``meta_info['seed']`` for a call that is reproducible on its own."""
-
-    # transformers' generate manages its own cache and runs in the module's dtype: the memory and
-    # scheduler settings of the other engines mean nothing here.
-    ignored_config_keys = BaseRollout.ignored_config_keys + (
-        "gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens", "max_model_len",
-        "max_num_seqs", "dtype",
-    )
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:

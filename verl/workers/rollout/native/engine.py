@@ -39,12 +39,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.workers.rollout.base import (
-    BaseRollout,
-    EpisodeTokens,
-    TurnHandler,
-    build_rollout_output,
-    check_left_padded,
-    wait_for_continuations,
+    BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output, check_left_padded, wait_for_continuations
 )
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
 from verl.workers.rollout.native.model import DecoderWeights, decode, extend, prefill
