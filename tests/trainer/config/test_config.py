@@ -316,6 +316,14 @@ def test_keys_only_other_engines_read_warn_with_their_name(caplog):
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size" in caplog.text
 
 
+def test_each_engine_warns_about_the_keys_it_does_not_read():
+    # hf generates with transformers: the native engine's cache and graph settings mean nothing to it.
+    hf = validate("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.max_num_seqs=64")
+    assert any(w.startswith("actor_rollout_ref.rollout.max_num_seqs: ") for w in hf)
+    assert not any(w.startswith("actor_rollout_ref.rollout.max_num_seqs") for w in validate(
+        "actor_rollout_ref.rollout.name=native", "actor_rollout_ref.rollout.max_num_seqs=64"))
+
+
 def test_megatron_settings_added_with_plus_warn():
     warnings = validate("+actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
     assert any(w.startswith("actor_rollout_ref.actor.megatron: ") and "ignored" in w for w in warnings)

@@ -22,7 +22,7 @@ import torch
 
 from verl.protocol import DataProto, left_padded
 from verl.workers.config.rollout import RolloutConfig
-from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS
+from verl.workers.rollout.registry import EXTERNAL_ONLY
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class BaseRollout(ABC):
     config validation warns when one of them is set to a non-default value.
     """
 
-    ignored_config_keys: tuple[str, ...] = IGNORED_CONFIG_KEYS["hf"]
+    ignored_config_keys: tuple[str, ...] = EXTERNAL_ONLY
 
     def __init__(self, config: RolloutConfig, module: torch.nn.Module, tokenizer):
         self.config = RolloutConfig.from_config(config)

@@ -18,7 +18,7 @@ from transformers import (
 
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
-from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
 
 __all__ = ["HFRollout"]
 
@@ -86,6 +86,8 @@ class HFRollout(BaseRollout):
     (of the ``B*n`` output rows; all at once when unset). The module is put in eval mode for the
     call and its previous mode restored. Sampling uses the global torch RNG: seed torch, or pass
     ``meta_info['seed']`` for a call that is reproducible on its own."""
+
+    ignored_config_keys = IGNORED_CONFIG_KEYS["hf"]
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -20,14 +20,18 @@ __all__ = ["EXTERNAL_ENGINES", "check_rollout_name", "get_rollout_class", "ignor
 BUILTIN = {"hf": "verl.workers.rollout.hf_rollout", "native": "verl.workers.rollout.native.engine"}
 # Engines of the original verl that this project does not ship: name -> the package providing it.
 EXTERNAL_ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}
-# ``actor_rollout_ref.rollout.*`` keys a built-in engine does not read (config validation warns when one is
-# set); an engine's class holds its own list as ``ignored_config_keys``.
-_EXTERNAL_ONLY = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_parallel_size",
-                  "enable_chunked_prefill", "enable_prefix_caching", "load_format", "layered_summon",
-                  "disable_log_stats", "engine_kwargs")
-# The native engine generates in the dtype the actor's weights have inside gathered_params() (FSDP's
-# param_dtype), so that no second copy exists: ``rollout.dtype`` is not read.
-IGNORED_CONFIG_KEYS = {"hf": _EXTERNAL_ONLY, "native": _EXTERNAL_ONLY + ("dtype",)}
+# ``actor_rollout_ref.rollout.*`` keys an engine does not read (config validation warns when one is set): the
+# external engines' own keys (BaseRollout's list), plus per built-in engine the ones it has no use for. The
+# native engine generates in the dtype the actor's weights have inside gathered_params() (FSDP's param_dtype),
+# so that no second copy exists: ``rollout.dtype`` is not read.
+EXTERNAL_ONLY = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_parallel_size",
+                 "enable_chunked_prefill", "enable_prefix_caching", "load_format", "layered_summon", "disable_log_stats",
+                 "engine_kwargs")
+IGNORED_CONFIG_KEYS = {
+    "hf": EXTERNAL_ONLY + ("gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens",
+                           "max_model_len", "max_num_seqs", "dtype"),
+    "native": EXTERNAL_ONLY + ("dtype",),
+}
 
 _ROLLOUTS = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 
