@@ -290,15 +290,12 @@ def test_chunk_error_is_value_and_assertion_error():
 
 def test_auto_padding_lets_chunk_split_unevenly(monkeypatch):
     assert not make(5).is_padding_enabled()
-    monkeypatch.setattr(DataProtoConfig, "_auto_padding", False)
-    DataProtoConfig.auto_padding = True
+    monkeypatch.setattr(DataProtoConfig, "auto_padding", True)
     assert DataProtoConfig.auto_padding and make(5).is_padding_enabled()
     # as torch.chunk: parts of ceil(5 / 2) = 3 rows; ceil(5 / 4) = 2 rows gives 3 parts and one empty part
     assert [p.batch["y"].tolist() for p in make(5).chunk(2)] == [[0.0, 1.0, 2.0], [3.0, 4.0]]
     assert [len(p) for p in make(5).chunk(4)] == [2, 2, 1, 0]
-    DataProtoConfig.auto_padding = False
-    with pytest.raises(TypeError, match="must be a bool"):
-        DataProtoConfig.auto_padding = "yes"
+    monkeypatch.setattr(DataProtoConfig, "auto_padding", False)
     one = DataProto.from_dict({"y": torch.arange(3)}, auto_padding=True)
     assert one.meta_info == {DataProtoConfig.auto_padding_key: True}
     assert [len(p) for p in one.chunk(2)] == [2, 1]

@@ -53,7 +53,8 @@ def yaml_defaults(config_name: str = "ppo_trainer") -> dict:
     return OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, f"{config_name}.yaml")), resolve=True)
 
 
-def _at(tree: Mapping, key: str) -> Any:
+def at(tree: Mapping, key: str) -> Any:
+    """The value at dotted ``key`` in nested mappings (KeyError when a part is missing)."""
     for part in key.split("."):
         tree = tree[part]
     return tree
@@ -248,7 +249,7 @@ def section(key: str, *fallbacks: str, config_name: str = "ppo_trainer", shared:
 
     def wrap(cls):
         tree = yaml_defaults(config_name)
-        sources = [_at(tree, k) for k in (key, *fallbacks)]
+        sources = [at(tree, k) for k in (key, *fallbacks)]
         if not shared:
             cls.PREFIX = key
         hints = typing.get_type_hints(cls, localns={cls.__name__: cls})

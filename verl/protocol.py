@@ -59,25 +59,13 @@ class DataProtoKeyError(DataProtoError, KeyError):
 
 
 # ---------------------------------------------------------------------------------------------- config
-class _DataProtoConfigMeta(type):
-    @property
-    def auto_padding(cls) -> bool:
-        return cls._auto_padding or os.getenv("VERL_AUTO_PADDING", "").upper() in ("TRUE", "1")
-
-    @auto_padding.setter
-    def auto_padding(cls, enabled: bool) -> None:
-        if not isinstance(enabled, bool):
-            raise DataProtoTypeError(f"DataProtoConfig.auto_padding must be a bool, got {enabled!r}")
-        cls._auto_padding = enabled
-
-
-class DataProtoConfig(metaclass=_DataProtoConfigMeta):
-    """``DataProtoConfig.auto_padding = True`` (or ``VERL_AUTO_PADDING=1``) lets :meth:`DataProto.chunk`
-    split a batch into unequal parts; ``meta_info[DataProtoConfig.auto_padding_key] = True`` (what
+class DataProtoConfig:
+    """``DataProtoConfig.auto_padding = True`` (or ``VERL_AUTO_PADDING=1``) lets :meth:`DataProto.chunk` split a
+    batch into unequal parts; ``meta_info[DataProtoConfig.auto_padding_key] = True`` (what
     ``from_dict(..., auto_padding=True)`` sets) does the same for one DataProto."""
 
+    auto_padding = False
     auto_padding_key = "_verl_auto_padding"
-    _auto_padding = False
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -484,7 +472,8 @@ class DataProto:
 
     def is_padding_enabled(self) -> bool:
         """Whether :meth:`chunk` may split unevenly (see :class:`DataProtoConfig`)."""
-        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or DataProtoConfig.auto_padding
+        return (bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or DataProtoConfig.auto_padding
+                or os.getenv("VERL_AUTO_PADDING", "").upper() in ("TRUE", "1"))
 
     def padding(self, padding_size: int, padding_candidate: str = "") -> None:
         """Append ``padding_size`` copies of the first row (``padding_candidate="first"``) or of the last

@@ -291,5 +291,3 @@ def compute_gpg_outcome_advantage(
     alpha = scores.shape[0] / n_nonzero if n_nonzero > 0 else 1.0
     adv = (alpha * (scores - mean)).unsqueeze(-1) * response_mask
     return adv, adv
-
-

@@ -9,9 +9,6 @@ import torch
 from verl.algorithms.losses import agg_loss
 from verl.trainer.config.algorithm import KLControlConfig
 
-# --------------------------------------------------------------------------------------------------
-# KL
-# --------------------------------------------------------------------------------------------------
 
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
@@ -109,7 +106,3 @@ def apply_kl_penalty(
     current_kl = agg_loss(kld, response_mask, "seq-mean-token-mean").item()
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     return token_level_rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
-
-
-
-

@@ -8,9 +8,7 @@ from verl.algorithms.registry import register_policy_loss
 from verl.utils.torch_functional import entropy_from_logits, masked_mean, masked_sum
 from verl.workers.config.actor import ActorConfig
 
-# --------------------------------------------------------------------------------------------------
-# Loss aggregation
-# --------------------------------------------------------------------------------------------------
+# ---- Loss aggregation --------------------------------------------------------------------------------------------
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -51,10 +49,7 @@ def agg_loss(
     return per_seq.sum() / n_seqs
 
 
-
-# --------------------------------------------------------------------------------------------------
-# Policy losses
-# --------------------------------------------------------------------------------------------------
+# ---- Policy losses -----------------------------------------------------------------------------------------------
 
 
 def _clip_bounds(config: ActorConfig) -> tuple[float, float]:
@@ -241,9 +236,7 @@ def compute_policy_loss_cispo(
                    weight != ratio)
 
 
-# --------------------------------------------------------------------------------------------------
-# Value and entropy losses
-# --------------------------------------------------------------------------------------------------
+# ---- Value and entropy losses ------------------------------------------------------------------------------------
 
 
 def compute_value_loss(
@@ -275,4 +268,3 @@ def compute_entropy_loss(
     This is the entropy itself (positive); the actor subtracts ``entropy_coeff`` times it.
     """
     return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)
-

@@ -7,9 +7,6 @@ from enum import Enum
 
 from verl.utils.registry import Registry
 
-# --------------------------------------------------------------------------------------------------
-# Registries
-# --------------------------------------------------------------------------------------------------
 
 ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator", "algorithm.adv_estimator")
 POLICY_LOSS_REGISTRY = Registry("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode")

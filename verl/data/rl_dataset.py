@@ -318,4 +318,3 @@ def collate_fn(items: list[dict]) -> dict:
         else:
             batch[key] = object_array(values)
     return batch
-

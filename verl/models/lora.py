@@ -159,12 +159,8 @@ def _inject(model: torch.nn.Module, settings: LoraSettings, value_head: bool) ->
         param.requires_grad = "lora_" in name or (value_head and name.split(".")[0] in VALUE_HEADS)
 
 
-def _is_lora_layer(module: torch.nn.Module) -> bool:
-    return hasattr(module, "lora_A") and hasattr(module, "base_layer")
-
-
 def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [m for m in model.modules() if _is_lora_layer(m)]
+    return [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 from verl.rewards.managers import get_reward_manager_cls
 from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig

@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from verl.base_config import BaseConfig, flatten, plain_value
+from verl.base_config import BaseConfig, at, flatten, plain_value
 from verl.trainer.config import PPO_CONFIG_NAME, ConfigError
 from verl.trainer.config.algorithm import PPOAlgorithmConfig
 from verl.trainer.config.compose import closest_key, compose_ppo_config, dotted_keys
@@ -161,9 +161,7 @@ def _check_rollout_engine(config: DictConfig) -> None:
         ]) from None
 
 
-# --------------------------------------------------------------------------------------------------
-# Objects -> the composed trainer config
-# --------------------------------------------------------------------------------------------------
+# ---- Objects -> the composed trainer config ----------------------------------------------------------------------
 
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
@@ -286,7 +284,7 @@ def _unknown_keys(values: Mapping[str, tuple[str, Any]], config: DictConfig) -> 
     tree = OmegaConf.to_container(config)
     known = set(dotted_keys(tree))
     # Groups whose default is an empty dict are free-form (override_config, reward_kwargs, ...).
-    free_form = {k for k in known if _node(tree, k) == {}}
+    free_form = {k for k in known if at(tree, k) == {}}
     problems = []
     for key, (source, _) in values.items():
         parts = key.split(".")
@@ -296,9 +294,3 @@ def _unknown_keys(values: Mapping[str, tuple[str, Any]], config: DictConfig) -> 
         fix = f"did you mean {guess}?" if guess else "check the spelling against ppo_trainer.yaml"
         problems.append(f"{key}: unknown key (set by {source}); {fix}")
     return problems
-
-
-def _node(tree: Any, key: str) -> Any:
-    for part in key.split("."):
-        tree = tree[part]
-    return tree

@@ -53,7 +53,7 @@ CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
 )
 
 
-__all__ = ["ConfigError", "SUCCESS_LINE", "compose_ppo_config", "main", "validate_config"]
+__all__ = ["ConfigError", "SUCCESS_LINE", "checked_config", "compose_ppo_config", "main", "validate_config"]
 
 logger = logging.getLogger("verl.config")
 
@@ -77,7 +77,8 @@ def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = Non
             f"{key}: cannot be resolved ({str(e).splitlines()[0]}). Fix or remove the ${{...}} reference"
         ]) from e
 
-    run = Run(cfg=values, defaults=default_config_values(PPO_CONFIG_NAME), raw=OmegaConf.to_container(config, resolve=False))
+    run = Run(cfg=values, defaults=default_config_values(PPO_CONFIG_NAME),
+              raw=OmegaConf.to_container(config, resolve=False))
     issues = list(check_types(run))
     run.bad_keys = {issue.key for issue in issues}
     _count_devices(run, n_devices)
@@ -106,19 +107,24 @@ def _count_devices(run: Run, n_devices: int | None) -> None:
         run.n_devices_source = f"trainer.n_gpus_per_node={per_node} x trainer.nnodes={nodes}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Compose and validate a command line without running anything; 0 when it is valid, else 1."""
-    args = sys.argv[1:] if argv is None else list(argv)
+def checked_config(argv: Sequence[str] | None = None) -> DictConfig | None:
+    """The config of a command line (default ``sys.argv[1:]``) once it is valid and the machine and files it
+    needs are there (:mod:`verl.trainer.preflight`); None after printing every problem to stderr."""
     from verl.trainer.preflight import preflight
 
     try:
-        config = compose_ppo_config(args)
+        config = compose_ppo_config(sys.argv[1:] if argv is None else list(argv))
         validate_config(config)
         preflight(config)
     except ConfigError as e:
         print(e, file=sys.stderr)
-        return 1
-    return 0
+        return None
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Compose and validate a command line without running anything; 0 when it is valid, else 1."""
+    return 0 if checked_config(argv) is not None else 1
 
 
 if __name__ == "__main__":

@@ -88,7 +88,8 @@ def _problems(values: dict, world_size: int) -> tuple[list[str], list[str]]:
 
     batch, micro = get("data.train_batch_size"), get("data.micro_batch_size_per_gpu")
     for key, value in (("data.train_batch_size", batch), ("data.micro_batch_size_per_gpu", micro),
-                       ("data.max_length", get("data.max_length")), ("trainer.total_epochs", get("trainer.total_epochs"))):
+                       ("data.max_length", get("data.max_length")),
+                       ("trainer.total_epochs", get("trainer.total_epochs"))):
         if isinstance(value, int) and value < 1:
             errors.append(f"{key}: must be at least 1, got {value}")
     if isinstance(batch, int) and isinstance(micro, int) and micro > 0 and batch % (micro * world_size):

@@ -12,8 +12,7 @@ import errno
 import os
 import sys
 
-from verl.trainer.config_validation import ConfigError, compose_ppo_config, validate_config
-from verl.trainer.preflight import preflight
+from verl.trainer.config_validation import checked_config
 from verl.utils.logging_utils import configure_logging
 
 
@@ -50,12 +49,8 @@ def run_ppo(config) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
-    try:
-        config = compose_ppo_config(sys.argv[1:] if argv is None else argv)
-        validate_config(config)
-        preflight(config)
-    except ConfigError as e:
-        print(e, file=sys.stderr)
+    config = checked_config(argv)
+    if config is None:
         return 1
     from verl.data import DatasetError
     from verl.single_controller import WorkerError

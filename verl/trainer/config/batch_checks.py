@@ -6,25 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl.trainer.config.checks import ACTOR, AR, REF, ROLLOUT, Issue, Run, _positive_int, error, warn
-from verl.workers.config.batching import micro_rows_per_device, uses_token_budget
-
-_REMOVE_PADDING = {ACTOR: f"{AR}.model.use_remove_padding", ROLLOUT: f"{AR}.model.use_remove_padding",
-                   REF: f"{AR}.model.use_remove_padding", "critic": "critic.model.use_remove_padding",
-                   "reward_model": "reward_model.model.use_remove_padding"}
+from verl.trainer.config.checks import ACTOR, AR, ROLLOUT, Issue, Run, _positive_int, error, warn
+from verl.workers.config.batching import POLICY_PHASES, micro_rows_per_device, uses_token_budget
 
 
 def _by_tokens(run: Run, section: str, dynamic_key: str) -> bool:
     """Whether ``section`` sizes micro batches by a token budget (see :func:`uses_token_budget`)."""
-    return uses_token_budget(run.get(dynamic_key), run.get(_REMOVE_PADDING[section], False))
+    model = f"{AR}.model" if section.startswith(AR) else f"{section}.model"
+    return uses_token_budget(run.get(dynamic_key), run.get(f"{model}.use_remove_padding", False))
 
 
 def _micro_batch_roles(run: Run) -> list[tuple[str, str, str]]:
     """(section, micro batch key name, dynamic-batch flag) of the roles this run uses."""
-    roles = [(ACTOR, "ppo_micro_batch_size", f"{ACTOR}.use_dynamic_bsz"),
-             (ROLLOUT, "log_prob_micro_batch_size", f"{ROLLOUT}.log_prob_use_dynamic_bsz")]
-    if run.uses_ref:
-        roles.append((REF, "log_prob_micro_batch_size", f"{REF}.log_prob_use_dynamic_bsz"))
+    phases = ["update", "log_prob"] + ["ref_log_prob"] * run.uses_ref
+    roles = [(f"{AR}.{where}", name, f"{AR}.{where}.{dynamic}")
+             for where, name, dynamic, _ in (POLICY_PHASES[phase] for phase in phases)]
     if run.uses_critic:
         roles.append(("critic", "ppo_micro_batch_size", "critic.use_dynamic_bsz"))
     if run.uses_reward_model:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 import importlib.util
 import os
 import types
@@ -53,6 +52,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.backend": ("ray", "local"),
     f"{AR}.model.fused_kernel_options.impl_backend": ("torch", "triton"),
 }
+
 
 @dataclass(frozen=True)
 class Issue:
@@ -165,9 +165,7 @@ def _not_in(key: str, value: Any, allowed: Sequence[str], what: str = "value") -
     return error(key, f"{value!r} is not a known {what}{hint} Choose one of: {', '.join(allowed)}")
 
 
-# --------------------------------------------------------------------------------------------------
-# Types
-# --------------------------------------------------------------------------------------------------
+# ---- Types -------------------------------------------------------------------------------------------------------
 
 _TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                list: "a list, e.g. [a,b]", dict: "a group of keys"}
@@ -235,9 +233,7 @@ def _check_types_under(values: Mapping, defaults: Mapping, prefix: str) -> Itera
             yield error(key, f"expected {words}, got {value!r} ({got}). Set a value of that type{example}")
 
 
-# --------------------------------------------------------------------------------------------------
-# Allowed values
-# --------------------------------------------------------------------------------------------------
+# ---- Allowed values ----------------------------------------------------------------------------------------------
 
 
 def check_choices(run: Run) -> Iterator[Issue]:
@@ -338,9 +334,7 @@ def check_backend(run: Run) -> Iterator[Issue]:
         yield error(f"{AR}.hybrid_engine", f"only the colocated hybrid engine is shipped. Set {AR}.hybrid_engine=true")
 
 
-# --------------------------------------------------------------------------------------------------
-# Required keys, ranges, sampling, combinations
-# --------------------------------------------------------------------------------------------------
+# ---- Required keys, ranges, sampling, combinations ---------------------------------------------------------------
 
 
 def check_required(run: Run) -> Iterator[Issue]:

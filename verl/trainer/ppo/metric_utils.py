@@ -40,11 +40,7 @@ def _mean_max_min(prefix: str, values: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {f"{prefix}/{s}": math.nan for s in ("mean", "max", "min")}
     values = values.double()
-    return {
-        f"{prefix}/mean": values.mean().item(),
-        f"{prefix}/max": values.max().item(),
-        f"{prefix}/min": values.min().item(),
-    }
+    return {f"{prefix}/{s}": getattr(values, s)().item() for s in ("mean", "max", "min")}
 
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
@@ -156,9 +152,6 @@ def compute_throughput_metrics(batch: DataProto, timing_raw: Mapping[str, float]
         "perf/time_per_step": step_time,
         "perf/throughput": total_tokens / (step_time * n_gpus) if step_time > 0 and n_gpus > 0 else math.nan,
     }
-
-
-
 
 
 def _reducer(key: str):

@@ -97,7 +97,6 @@ def truncate(text: str, limit: int, side: str) -> str:
     return text[: limit // 2] + marker + text[-(limit - limit // 2):]
 
 
-
 class _EventLoop:
     """An asyncio loop in a background thread, for the tools' and interactions' coroutines."""
 
