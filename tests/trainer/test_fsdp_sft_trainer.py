@@ -184,6 +184,13 @@ def test_config_problems_are_reported_together_before_anything_starts(tmp_path, 
                      "- model.lora_rank: LoRA is not supported", "- trainer.device: cuda, but this machine has no CUDA",
                      "- trainer.total_epochs: expected an integer, got 1.5"):
         assert expected in err
+    # keys of sft_trainer.yaml's own (no ppo_trainer.yaml counterpart) are typed too
+    assert main(["data.max_length=long", "model.enable_gradient_checkpointing=maybe", "optim.clip_grad=x"]) == 1
+    err = capsys.readouterr().err
+    for expected in ("- data.max_length: expected an integer, got 'long'",
+                     "- model.enable_gradient_checkpointing: expected true or false, got 'maybe'",
+                     "- optim.clip_grad: expected a number, got 'x'"):
+        assert expected in err
 
 
 def test_world_size_enters_the_batch_check(tiny_qwen2_dir, memo_parquet):

@@ -22,6 +22,7 @@ Checkpoints (every ``trainer.save_freq`` steps and after the last step)::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -35,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config import ConfigError
 from verl.trainer.config.compose import compose_config, default_config_values
+from verl.trainer.config.config import SFTDataConfig
 from verl.utils.logging_utils import configure_logging
 from verl.utils.seqlen_balancing import all_reduce_scalar
 
@@ -49,6 +51,13 @@ def compose_sft_config(argv=()) -> DictConfig:
     return compose_config(list(argv), CONFIG_NAME)
 
 
+@dataclasses.dataclass
+class SFTSections:
+    """The sections of sft_trainer.yaml with a typed class (the others are checked against their defaults)."""
+
+    data: SFTDataConfig
+
+
 def _problems(values: dict, world_size: int) -> tuple[list[str], list[str]]:
     """(errors, warnings) of a resolved SFT config, each ``<key>: <what is wrong>. <fix>``."""
     from verl.models import resolve_dtype
@@ -58,7 +67,7 @@ def _problems(values: dict, world_size: int) -> tuple[list[str], list[str]]:
     from verl.workers.engine.checkpoint import CONTENTS
 
     run = Run(cfg=values, defaults=default_config_values(CONFIG_NAME))
-    issues = list(check_types(run))
+    issues = list(check_types(run, SFTSections))
     errors = [str(issue) for issue in issues]
     run.bad_keys = {issue.key for issue in issues}  # a value of the wrong type is reported once, then read as unset
     get = run.get

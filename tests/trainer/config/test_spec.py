@@ -175,15 +175,23 @@ def test_trainer_sections_from_the_python_api_keep_their_overrides():
     assert trainer.to_overrides() == {"trainer.total_epochs": 2} and trainer.save_freq == -1
 
 
-def test_the_declared_types_agree_with_the_yaml_defaults():
+@pytest.mark.parametrize("config_name,sections", [
+    ("ppo_trainer", ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function", "algorithm",
+                     "trainer")),
+    ("sft_trainer", ("data",)),
+])
+def test_the_declared_types_agree_with_the_yaml_defaults(config_name, sections):
     from verl.trainer.config.checks import _type_of, declared_types
+    from verl.trainer.config.spec import RunSpec
+    from verl.trainer.fsdp_sft_trainer import SFTSections
 
-    defaults = yaml_defaults()
-    sections = ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function", "algorithm", "trainer")
+    root = RunSpec if config_name == "ppo_trainer" else SFTSections
+    defaults = yaml_defaults(config_name)
     for key, value in _leaves({k: defaults[k] for k in sections}):
-        typed = declared_types(key)
+        typed = declared_types(key, root)
         if typed is None:  # inside a free-form dict (override_config, engine_kwargs, ...)
-            assert any(declared_types(key.rsplit(".", i)[0]) == ((dict,), False) for i in range(1, key.count("."))), key
+            assert any(declared_types(key.rsplit(".", i)[0], root) == ((dict,), False)
+                       for i in range(1, key.count("."))), key
             continue
         declared, nullable = typed
         assert nullable if value is None else _type_of(value) in declared + ((int,) if float in declared else ()), key

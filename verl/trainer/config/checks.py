@@ -176,10 +176,10 @@ def _type_of(value: Any) -> type:
 
 
 @functools.cache
-def declared_types(key: str) -> tuple[tuple[type, ...], bool] | None:
-    """``(types, nullable)`` the typed config sections declare for dotted ``key`` (a nested group counts as a
-    dict), or None for a key they do not type (inside a free-form dict such as override_config)."""
-    hint: Any = RunSpec
+def declared_types(key: str, root: Any = RunSpec) -> tuple[tuple[type, ...], bool] | None:
+    """``(types, nullable)`` the typed config sections under ``root`` declare for dotted ``key`` (a nested group
+    counts as a dict), or None for a key they do not type (inside a free-form dict such as override_config)."""
+    hint = root
     for part in key.split("."):
         options = typing.get_args(hint) or (hint,)
         owner = next((t for t in options if dataclasses.is_dataclass(t)
@@ -202,24 +202,25 @@ def _accepted_types(declared: tuple[type, ...], default: Any) -> tuple[type, ...
     return tuple(accepted)
 
 
-def check_types(run: Run) -> Iterator[Issue]:
-    """Every value has a type its config section declares (:func:`declared_types`); null only where it does.
+def check_types(run: Run, root: Any = RunSpec) -> Iterator[Issue]:
+    """Every value has a type the typed config sections under ``root`` declare (:func:`declared_types`), null
+    only where they allow it; a key they do not type has its default's type (or any, for a null default).
 
     Ints are accepted where floats are expected; bool is not an int. Keys added with ``+`` are skipped.
     """
-    yield from _check_types_under(run.cfg, run.defaults, "")
+    yield from _check_types_under(run.cfg, run.defaults, "", root)
 
 
-def _check_types_under(values: Mapping, defaults: Mapping, prefix: str) -> Iterator[Issue]:
+def _check_types_under(values: Mapping, defaults: Mapping, prefix: str, root: Any) -> Iterator[Issue]:
     for name, value in values.items():
         key = f"{prefix}{name}"
         if name not in defaults:
             continue
         default = defaults[name]
         if isinstance(default, Mapping) and isinstance(value, Mapping):
-            yield from _check_types_under(value, default, f"{key}.")
+            yield from _check_types_under(value, default, f"{key}.", root)
             continue
-        typed = declared_types(key)
+        typed = declared_types(key, root) or (((_type_of(default),), True) if default is not None else None)
         if typed is None:
             continue
         declared, nullable = typed
