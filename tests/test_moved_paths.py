@@ -25,6 +25,16 @@ def test_an_old_path_is_the_same_module_as_its_new_one(old, new):
     assert importlib.import_module(old) is importlib.import_module(new)
 
 
+def test_a_module_imported_through_an_old_path_keeps_its_own_spec():
+    import importlib.resources
+
+    importlib.import_module("verl.utils.reward_score.math_reward")
+    module = importlib.import_module("verl.rewards.scorers.math_reward")
+    assert module.__spec__.name == "verl.rewards.scorers.math_reward" and module.__spec__.origin.endswith(".py")
+    assert importlib.reload(module) is module
+    assert any(p.name == "gsm8k.py" for p in importlib.resources.files("verl.utils.reward_score").iterdir())
+
+
 def test_every_moved_package_is_listed():
     assert {old for old, _ in OLD_AND_NEW if old in verl.MOVED} == set(verl.MOVED)
 

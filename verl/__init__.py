@@ -22,6 +22,9 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds ``<old path>[.sub]`` for every entry of :data:`MOVED` and hands back the module imported from
     its new path."""
 
+    def __init__(self):
+        self._real_specs = {}
+
     def find_spec(self, name, path=None, target=None):
         for old, new in MOVED.items():
             if name == old or name.startswith(old + "."):
@@ -31,10 +34,14 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         old = next(o for o in MOVED if spec.name == o or spec.name.startswith(o + "."))
-        return sys.modules[MOVED[old] + spec.name[len(old):]]
+        module = sys.modules[MOVED[old] + spec.name[len(old):]]
+        self._real_specs[spec.name] = module.__spec__  # the import machinery now puts this finder's on it
+        return module
 
     def exec_module(self, module):
-        pass  # already executed under its new name
+        # Executed already, under its new name: give it back its own spec (reload, importlib.resources).
+        real = self._real_specs.pop(module.__spec__.name)
+        module.__spec__, module.__loader__ = real, real.loader
 
 
 if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):

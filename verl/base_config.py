@@ -46,11 +46,33 @@ class ConfigError(ValueError):
 
 
 @functools.cache
-def yaml_defaults(config_name: str = "ppo_trainer") -> dict:
-    """The resolved values of ``verl/trainer/config/<config_name>.yaml`` (plain containers; do not modify)."""
+def _yaml(config_name: str):
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, f"{config_name}.yaml")), resolve=True)
+    return OmegaConf.load(os.path.join(CONFIG_DIR, f"{config_name}.yaml"))
+
+
+@functools.cache
+def _resolved_yaml(config_name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(_yaml(config_name), resolve=True)
+
+
+def yaml_defaults(config_name: str = "ppo_trainer") -> dict:
+    """The resolved values of ``verl/trainer/config/<config_name>.yaml`` (plain containers; do not modify)."""
+    return _resolved_yaml(config_name)
+
+
+def over_yaml(values: Mapping, key: str, config_name: str = "ppo_trainer") -> dict:
+    """The yaml's section ``key`` with ``values`` (some of its keys) set, resolved as a whole config would be: a
+    key that follows another through ``${...}`` follows the value given for it."""
+    from omegaconf import OmegaConf
+
+    tree = copy.deepcopy(_yaml(config_name))
+    OmegaConf.set_struct(tree, False)
+    OmegaConf.update(tree, key, values, merge=True)
+    return OmegaConf.to_container(OmegaConf.select(tree, key), resolve=True)
 
 
 def at(tree: Mapping, key: str) -> Any:
@@ -90,6 +112,8 @@ class BaseConfig(Mapping):
     PREFIX: ClassVar[str | None] = None
     # Init arguments that are another name for a deeper key (``kl_coef`` -> ``kl_ctrl.kl_coef``).
     ALIASES: ClassVar[dict[str, str]] = {}
+    # (key, yaml name) the class's defaults come from (set by @section).
+    _YAML: ClassVar[tuple[str, str]]
 
     extra: InitVar[dict | None] = None
 
@@ -140,8 +164,8 @@ class BaseConfig(Mapping):
     @classmethod
     def from_config(cls, config):
         """``config`` as this class: itself when it already is one, else built from a dict, an OmegaConf node
-        (resolved) or an object with the keys as attributes; the keys it lacks keep the yaml's defaults (all of
-        them for None)."""
+        (resolved) or an object with the keys as attributes, set over the yaml's section (:func:`over_yaml`): the
+        keys it lacks keep the yaml's defaults, or follow a key it gives as they do there (all defaults for None)."""
         if isinstance(config, cls):
             return config
         if config is None:
@@ -154,7 +178,7 @@ class BaseConfig(Mapping):
             from omegaconf import OmegaConf
 
             config = OmegaConf.to_container(config, resolve=True)
-        return cls.from_dict(config)
+        return cls.from_dict(over_yaml(config, *cls._YAML))
 
     # ----------------------------------------------------------------------------------------- mapping, frozen
     def __setattr__(self, name: str, value: Any) -> None:
@@ -250,6 +274,7 @@ def section(key: str, *fallbacks: str, config_name: str = "ppo_trainer", shared:
     def wrap(cls):
         tree = yaml_defaults(config_name)
         sources = [at(tree, k) for k in (key, *fallbacks)]
+        cls._YAML = (key, config_name)
         if not shared:
             cls.PREFIX = key
         hints = typing.get_type_hints(cls, localns={cls.__name__: cls})
@@ -268,8 +293,8 @@ def section(key: str, *fallbacks: str, config_name: str = "ppo_trainer", shared:
 def _default(hint: Any, value: Any) -> Any:
     options = typing.get_args(hint) or (hint,)
     group = next((t for t in options if isinstance(t, type) and issubclass(t, BaseConfig)), None)
-    if group is not None:
-        return dataclasses.field(default_factory=functools.partial(group.from_dict, value, defaults=True))
+    if group is not None:  # a fresh copy each time: no default shares a list or dict with another, or the cache
+        return dataclasses.field(default_factory=lambda: group.from_dict(copy.deepcopy(value), defaults=True))
     if isinstance(value, (list, dict)):
         return dataclasses.field(default_factory=functools.partial(copy.deepcopy, value))
     return value

@@ -33,3 +33,13 @@ def test_a_config_section_reads_every_config_flavour(make):
     kl = KLControlConfig.from_config(make({"kl_coef": 0.5, "type": "adaptive"}))
     assert (kl.type, kl.kl_coef, kl.target_kl, kl.horizon) == ("adaptive", 0.5, 0.1, 10000)  # the rest: the yaml's
     assert KLControlConfig.from_config(kl) is kl and KLControlConfig.from_config(None) == KLControlConfig()
+
+
+def test_atomic_write_gives_the_file_the_usual_permissions(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        with atomic_write(str(tmp_path / "out.json"), "w") as f:
+            f.write("{}")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "out.json").stat().st_mode & 0o777 == 0o644  # 0o666 less the umask, as open() makes it

@@ -55,7 +55,7 @@ class LoraSettings:
         """None when ``lora_rank`` is 0 and no adapter is given; errors name ``section``'s keys.
         ``model_config``: a `ModelConfig` (or a dict of its keys)."""
         model_config = ModelConfig.from_config(model_config)
-        rank, adapter = int(model_config.lora_rank or 0), model_config.lora_adapter_path
+        rank, adapter = model_config.lora_rank, model_config.lora_adapter_path
         if rank < 0:
             raise ValueError(f"{section}.lora_rank={rank}: must be 0 (full fine-tuning) or a positive rank")
         if rank == 0 and not adapter:

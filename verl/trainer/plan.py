@@ -233,7 +233,7 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
             shapes["critic"] = model_shape(critic.model.path, config_key="critic.model.path", value_head=True,
                                            trust_remote_code=critic.model.trust_remote_code)
         c_tokens, c_why = _micro_tokens(spec.critic_batching.update, "critic", "ppo_max_token_len_per_gpu",
-                                        "ppo_micro_batch_size", max_len, critic.ppo_mini_batch_size * n // n_gpus)
+                                        "ppo_micro_batch_size", max_len, spec.critic_batching.mini_batch_size)
         plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", critic.model, critic,
                                             critic.model.fsdp_config, False, c_tokens, c_why)
         resident["critic"] = sum(v for k, v in plan.components["critic"].items()

@@ -10,9 +10,12 @@ neither a folder here nor a cached id is reported in seconds, not after the hub 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import urllib.parse
+
+from omegaconf import OmegaConf
 
 from verl.trainer.config import ConfigError
 
@@ -62,17 +65,16 @@ def _model_id_errors(config, joins_cluster: bool) -> list[str]:
     from verl.models.loader import looks_local
     from verl.trainer.config.spec import need_critic
 
+    get = functools.partial(OmegaConf.select, config, default=None)
     keys = list(ACTOR_MODEL_KEYS)
     keys += ["critic.model.path", "critic.model.tokenizer_path"] if need_critic(
-        config.critic.enable, config.algorithm.adv_estimator) else []
-    keys += ["reward_model.model.path"] if config.reward_model.enable else []
+        get("critic.enable"), get("algorithm.adv_estimator")) else []
+    keys += ["reward_model.model.path"] if get("reward_model.enable") else []
     if joins_cluster:  # the driver's own load: the tokenizer (of tokenizer_path, else of the model)
-        keys = [ACTOR_MODEL_KEYS[1] if config.actor_rollout_ref.model.tokenizer_path else ACTOR_MODEL_KEYS[0]]
+        keys = [ACTOR_MODEL_KEYS[1] if get(ACTOR_MODEL_KEYS[1]) else ACTOR_MODEL_KEYS[0]]
     errors, reachable = [], None
     for key in keys:
-        node = config
-        for part in key.split("."):
-            node = node.get(part) if hasattr(node, "get") else None
+        node = get(key)
         if not isinstance(node, str) or not node or looks_local(node):
             continue  # unset, or a local folder (the config check looks inside those)
         here = os.path.abspath(node)
@@ -97,9 +99,9 @@ def _model_id_errors(config, joins_cluster: bool) -> list[str]:
 def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
     """``<key>: <what is wrong>. <how to fix>`` for every problem found."""
     errors = []
-    data = config.data
+    get = functools.partial(OmegaConf.select, config, default=None)
     for key in ("train_files", "val_files"):
-        files = data[key]
+        files = get(f"data.{key}")
         if not files:
             continue
         for path in [files] if isinstance(files, str) else list(files):
@@ -107,10 +109,9 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
             if _local(path) and not os.path.exists(os.path.expanduser(path)):
                 errors.append(f"data.{key}: {path!r} does not exist. Give the parquet file(s) the preprocessing "
                               "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)")
-    trainer = config.trainer
-    joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(config.ray_kwargs.ray_init.get("address"))
+    joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(get("ray_kwargs.ray_init.address"))
     errors += _model_id_errors(config, joins_cluster)
-    if trainer.device == "cuda" and not joins_cluster:
+    if get("trainer.device") == "cuda" and not joins_cluster:
         if cuda_available is None:
             import torch
 
@@ -119,8 +120,8 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
             errors.append("trainer.device: is cuda, but this machine has no visible GPU (torch.cuda.is_available() "
                           "is False). Set trainer.device=cpu to train on the CPU, or check CUDA_VISIBLE_DEVICES and "
                           "the driver")
-    if trainer.resume_mode == "resume_path" and trainer.resume_from_path:
-        folder = os.path.expanduser(str(trainer.resume_from_path))
+    if get("trainer.resume_mode") == "resume_path" and get("trainer.resume_from_path"):
+        folder = os.path.expanduser(str(get("trainer.resume_from_path")))
         if not os.path.isdir(folder):
             errors.append(f"trainer.resume_from_path: {folder!r} does not exist. Give a checkpoint folder "
                           "(.../global_step_N) or use trainer.resume_mode=auto")

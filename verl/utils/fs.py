@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import uuid
 from typing import IO, Iterator
 
 
@@ -17,7 +17,9 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    # Created like any new file (mode 0o666 less the umask, not mkstemp's 0o600), under a name no one else uses.
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, mode) as f:
             yield f

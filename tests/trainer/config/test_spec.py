@@ -208,3 +208,23 @@ def test_null_is_refused_where_a_value_is_needed():
     assert "actor_rollout_ref.rollout.temperature: cannot be null: it needs a number, e.g. " \
            "actor_rollout_ref.rollout.temperature=1.0" in problems
     assert not any(p.startswith("critic.enable") for p in problems)  # null: decided by the estimator
+    with pytest.raises(ConfigError, match=r"ray_kwargs.ray_init.num_cpus: expected a positive integer"):
+        validate_config(compose_ppo_config(["ray_kwargs.ray_init.num_cpus=abc"]))
+
+
+def test_a_partial_section_is_read_over_the_yaml_and_follows_what_it_sets():
+    from verl.workers.config import ActorRolloutRefConfig
+
+    policy = ActorRolloutRefConfig.from_config({"actor": {"ppo_max_token_len_per_gpu": 4096,
+                                                          "checkpoint": {"save_contents": ["model"]},
+                                                          "fsdp_config": {"dtype": "float32"}}})
+    # ref.* and rollout.log_prob_* follow the actor's keys in the yaml; checkpoint.load_contents its save_contents
+    assert policy.ref.log_prob_max_token_len_per_gpu == policy.rollout.log_prob_max_token_len_per_gpu == 4096
+    assert policy.ref.fsdp_config.dtype == "float32" and policy.actor.checkpoint.load_contents == ["model"]
+    assert policy.actor.clip_ratio == 0.2  # the rest: the yaml's
+
+
+def test_defaults_are_fresh_copies():
+    first = ActorConfig()
+    first.optim.betas[0] = 0.5  # a list inside a frozen config can still be changed in place...
+    assert ActorConfig().optim.betas == [0.9, 0.999] == yaml_defaults()["actor_rollout_ref"]["actor"]["optim"]["betas"]

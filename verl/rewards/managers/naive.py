@@ -37,10 +37,10 @@ def decode_samples(data, tokenizer, reward_fn_key: str = "data_source") -> list[
     ``prompts`` are left-padded and ``responses`` right-padded; ``attention_mask`` covers both, so
     its sums over the prompt and response columns give the real lengths.
     """
+    present = sorted(data.batch.keys()) if data.batch is not None else []
     for key in ("prompts", "responses", "attention_mask"):
-        if key not in data.batch.keys():
-            raise KeyError(f"reward managers need data.batch[{key!r}]; the batch has "
-                           f"{sorted(data.batch.keys())}")
+        if key not in present:
+            raise KeyError(f"reward managers need data.batch[{key!r}]; the batch has {present}")
     for key in (reward_fn_key, "reward_model"):
         if key not in data.non_tensor_batch:
             hint = " (the column named by data.reward_fn_key)" if key == reward_fn_key else ""
@@ -134,7 +134,7 @@ class NaiveRewardManager:
         self.score_kwargs = kwargs
 
     def __call__(self, data, return_dict: bool = False):
-        if "rm_scores" in data.batch.keys():
+        if data.batch is not None and "rm_scores" in data.batch.keys():
             # A reward model already scored this batch.
             rm_scores = data.batch["rm_scores"]
             return {"reward_tensor": rm_scores, "reward_extra_info": {}} if return_dict else rm_scores

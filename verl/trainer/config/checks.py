@@ -315,11 +315,15 @@ def check_loggers(run: Run) -> Iterator[Issue]:
 
 
 def check_backend(run: Run) -> Iterator[Issue]:
-    """The worker backend can start: Ray installed for backend=ray, one node for backend=local."""
+    """The worker backend can start: Ray installed (and a sound CPU count) for backend=ray, one node for local."""
     backend, nnodes = run.get("trainer.backend"), run.get("trainer.nnodes")
     if backend == "ray" and not _module_available("ray"):
         yield error("trainer.backend", "'ray' needs the ray package, which is not installed. Install it (pip "
                                        "install 'ray[default]'), or set trainer.backend=local to run in one process")
+    num_cpus = run.get("ray_kwargs.ray_init.num_cpus")
+    if num_cpus is not None and not _positive_int(num_cpus):
+        yield error("ray_kwargs.ray_init.num_cpus", f"expected a positive integer (the CPUs Ray may use), got "
+                                                    f"{num_cpus!r}. Set e.g. ray_kwargs.ray_init.num_cpus=8, or null")
     if backend == "local" and _positive_int(nnodes) and nnodes > 1:
         yield error("trainer.nnodes", "the local backend runs in one process on one node. "
                                       "Set trainer.nnodes=1, or trainer.backend=ray for several nodes")

@@ -142,6 +142,7 @@ def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpoint
         ("reward_model", RewardModelConfig), ("custom_reward_function", CustomRewardFunctionConfig),
         ("algorithm", AlgoConfig), ("trainer", TrainerConfig))}
     policy, critic, trainer = section["actor_rollout_ref"], section["critic"], section["trainer"]
+    critic = dataclasses.replace(critic, rollout_n=policy.rollout.n)  # the critic sees the actor's samples
     use_critic = need_critic(critic.enable, section["algorithm"].adv_estimator)
     use_reference_policy = need_reference_policy(section["algorithm"].use_kl_in_reward, policy.actor.use_kl_loss)
     use_rm = section["reward_model"].enable

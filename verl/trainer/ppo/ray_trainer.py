@@ -15,13 +15,14 @@ Generation, log-probs and updates run in the worker groups (Ray actors, or this 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import uuid
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
 from verl.data import create_rl_sampler, make_dataloader
@@ -371,12 +372,24 @@ class RayPPOTrainer:
         while not bounded or self.train_sampler.epoch < int(trainer.total_epochs):
             yield from self.train_dataloader
 
+    def _logged_config(self) -> dict:
+        """The config as the experiment trackers record it: as given, with what the run resolved filled in."""
+        logged, spec = copy.deepcopy(self.config), self.spec
+        resolved = {"actor_rollout_ref.actor.optim.total_training_steps": self.total_training_steps,
+                    "critic.optim.total_training_steps": self.total_training_steps,
+                    "actor_rollout_ref.model.enable_gradient_checkpointing":
+                        spec.actor_rollout_ref.model.enable_gradient_checkpointing,
+                    "critic.model.enable_gradient_checkpointing": spec.critic.model.enable_gradient_checkpointing}
+        with open_dict(logged):
+            for key, value in resolved.items():
+                OmegaConf.update(logged, key, value, force_add=True)
+        return OmegaConf.to_container(logged, resolve=True)
+
     def fit(self) -> dict:
         """Train for ``total_training_steps`` steps; returns the last step's metrics."""
         trainer = self.spec.trainer
         tracker = Tracking(trainer.project_name, trainer.experiment_name, default_backend=trainer.logger,
-                           config=OmegaConf.to_container(self.config, resolve=True),
-                           total_steps=self.total_training_steps)
+                           config=self._logged_config(), total_steps=self.total_training_steps)
         last_metrics: dict = {}
         try:
             self._load_checkpoint()

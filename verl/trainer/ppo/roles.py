@@ -31,8 +31,7 @@ class WorkerGroups:
         roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=spec.actor_rollout_ref, role=role,
                                                     nccl_timeout_s=timeout)}
         if spec.use_critic:
-            roles["critic"] = ClassWithInitArgs(CriticWorker, config=spec.critic, nccl_timeout_s=timeout,
-                                                rollout_n=spec.actor_rollout_ref.rollout.n)
+            roles["critic"] = ClassWithInitArgs(CriticWorker, config=spec.critic, nccl_timeout_s=timeout)
         if spec.use_rm:
             roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=spec.reward_model, nccl_timeout_s=timeout)
         groups, hosts, _ = start_groups(spec.trainer, spec.ray_kwargs, {

@@ -41,8 +41,8 @@ class ActorConfig(BaseConfig):
     data_loader_seed: int
     grad_clip: float
     clip_ratio: float
-    clip_ratio_low: float
-    clip_ratio_high: float
+    clip_ratio_low: float | None  # null: clip_ratio
+    clip_ratio_high: float | None
     clip_ratio_c: float
     loss_agg_mode: str
     loss_scale_factor: float | None

@@ -21,6 +21,7 @@ class FSDPConfig(BaseConfig):
     forward_prefetch: bool
     model_dtype: str
     dtype: str | None
+    mixed_precision: dict | None
 
 
 FSDPEngineConfig = FSDPConfig  # the original's name

@@ -11,7 +11,7 @@ __all__ = ["MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
 class SamplingConfig(BaseConfig):
     """Sampling during validation (greedy by default)."""
 
-    top_k: int
+    top_k: int | None  # <= 0 or null: no top-k
     top_p: float
     temperature: float
     n: int
@@ -44,7 +44,7 @@ class RolloutConfig(BaseConfig):
     micro_batch_size: int | None
     n: int
     temperature: float
-    top_k: int
+    top_k: int | None  # <= 0 or null: no top-k
     top_p: float
     do_sample: bool
     ignore_eos: bool

@@ -51,9 +51,12 @@ def default_device() -> torch.device:
 
 
 def mixed_precision_policy(fsdp_config: FSDPConfig, device: torch.device) -> MixedPrecisionPolicy:
-    """Parameters gathered in ``fsdp_config.dtype`` (null: bf16 on CUDA, fp32 on CPU), gradients reduced in fp32."""
-    param_dtype = fsdp_config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    return MixedPrecisionPolicy(param_dtype=loader.resolve_dtype(param_dtype), reduce_dtype=torch.float32)
+    """Parameters gathered in ``mixed_precision.param_dtype``, else ``dtype`` (null: bf16 on CUDA, fp32 on CPU);
+    gradients reduced in ``mixed_precision.reduce_dtype``, else fp32."""
+    mixed = fsdp_config.mixed_precision or {}
+    param_dtype = mixed.get("param_dtype") or fsdp_config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return MixedPrecisionPolicy(param_dtype=loader.resolve_dtype(param_dtype),
+                                reduce_dtype=loader.resolve_dtype(mixed.get("reduce_dtype") or "float32"))
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

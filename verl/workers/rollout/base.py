@@ -60,6 +60,7 @@ def resolve_sampling_params(config: RolloutConfig, meta_info: dict, default_eos_
     the training keys of ``config``). ``do_sample=False`` or ``temperature == 0`` means greedy.
     ``top_k <= 0`` or None disables top-k.
     """
+    config = RolloutConfig.from_config(config)
     validate = bool(meta_info.get("validate", False))
     source = config.val_kwargs if validate else config
     where = "actor_rollout_ref.rollout" + (".val_kwargs" if validate else "")
