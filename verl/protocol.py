@@ -12,9 +12,6 @@ A ``DataProto`` holds three things that always travel together:
 Every operation keeps the rows of all three aligned. Operations that change the number of rows
 (``chunk``, ``split``, ``repeat``, ``select_idxs``...) act on ``batch`` and ``non_tensor_batch``
 together and give each result its own (shallow) copy of ``meta_info``.
-
-Where the original asserts, the errors raised here are also ``AssertionError``s (see
-:class:`DataProtoError`), so code written against either catches them.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -69,11 +66,11 @@ class DataProtoConfig:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _tensordict_cls():
+def _tensordict(tensors: dict, rows: int, device=None):
     # tensordict takes ~1.5 s to import (it loads torch._dynamo), so only processes that build a batch pay it.
     from tensordict import TensorDict
 
-    return TensorDict
+    return TensorDict(tensors, batch_size=[rows], device=device)
 
 
 def _is_tensordict(value) -> bool:
@@ -112,27 +109,15 @@ def _tensordict_from(tensors: dict, rows: int | None = None, device=None):
         if not sizes:
             return None
         rows = next(iter(sizes.values()))
-    return _tensordict_cls()(dict(tensors), batch_size=[rows], device=device)
-
-
-def _merge_metrics(parts: list[dict]) -> dict[str, list]:
-    """Per-worker metric dicts as one dict of lists: every part's keys kept, list values extended."""
-    merged: dict[str, list] = {}
-    for metrics in parts:
-        for key, value in metrics.items():
-            merged.setdefault(key, []).extend(value if isinstance(value, list) else [value])
-    return merged
-
-
-def _owns_storage(t: torch.Tensor) -> bool:
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.is_contiguous()
+    return _tensordict(dict(tensors), rows, device)
 
 
 def _compact(value):
     """``value`` without the parts of a larger storage it views (pickling a view ships the whole storage)."""
-    if isinstance(value, torch.Tensor):
-        return value if _owns_storage(value) else value.clone(memory_format=torch.contiguous_format)
-    return value.clone()  # a nested TensorDict
+    if not isinstance(value, torch.Tensor):
+        return value.clone()  # a nested TensorDict
+    owns = value.untyped_storage().nbytes() == value.numel() * value.element_size() and value.is_contiguous()
+    return value if owns else value.clone(memory_format=torch.contiguous_format)
 
 
 def _same(a, b) -> bool:
@@ -248,8 +233,8 @@ class DataProto:
         if clash:
             raise DataProtoValueError(f"to_tensordict: key(s) {sorted(clash)} appear in more than one of batch, "
                                       "non_tensor_batch and meta_info; rename them first")
-        out = _tensordict_cls()(dict(self.batch.items()) if self.batch is not None else {},
-                                batch_size=[len(self)], device=None if self.batch is None else self.batch.device)
+        out = _tensordict(dict(self.batch.items()) if self.batch is not None else {}, len(self),
+                          None if self.batch is None else self.batch.device)
         for key, values in self.non_tensor_batch.items():
             out[key] = NonTensorStack.from_list([NonTensorData(v) for v in values])
         for key, value in self.meta_info.items():
@@ -318,27 +303,25 @@ class DataProto:
 
     def get_data_info(self) -> str:
         """Shapes, dtypes and devices of the tensors, shapes of the arrays, types of the meta_info values."""
-        info = ["batch"]
-        for key, tensor in (self.batch.items() if self.batch is not None else ()):
-            info.append(f"  {key}: {tuple(tensor.shape)} ({tensor.dtype}) {tensor.device}")
-        info.append("non_tensor_batch")
-        info.extend(f"  {key}: ndarray{array.shape} ({array.dtype})" for key, array in self.non_tensor_batch.items())
-        info.append("meta_info")
-        info.extend(f"  {key}: {_type_info(value)}" for key, value in self.meta_info.items())
-        return "\n".join(info)
+        tensors = self.batch.items() if self.batch is not None else ()
+        return "\n".join([
+            "batch", *(f"  {key}: {tuple(t.shape)} ({t.dtype}) {t.device}" for key, t in tensors),
+            "non_tensor_batch", *(f"  {key}: ndarray{a.shape} ({a.dtype})" for key, a in self.non_tensor_batch.items()),
+            "meta_info", *(f"  {key}: {_type_info(v)}" for key, v in self.meta_info.items())])
 
-    def _missing(self, where: str, keys: Iterable[str], present: Iterable[str]) -> None:
-        present = list(present)
-        missing = [k for k in keys if k not in present]
-        if missing:
-            raise DataProtoKeyError(f"DataProto.{where} has no key(s) {missing}; available: {sorted(present)}")
+    def _check_keys(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> None:
+        """Raise naming the keys (of each part given, not None) that this DataProto lacks."""
+        for where, keys, present in (("batch", batch_keys, _keys(self.batch)),
+                                     ("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch)),
+                                     ("meta_info", meta_info_keys, list(self.meta_info))):
+            missing = [k for k in keys if k not in present] if keys is not None else []
+            if missing:
+                raise DataProtoKeyError(f"DataProto.{where} has no key(s) {missing}; available: {sorted(present)}")
 
     def _with_rows(self, take, rows: int) -> "DataProto":
         """A new DataProto of ``rows`` rows whose tensors and arrays are ``take(column)``; meta_info is copied."""
-        batch = None
-        if self.batch is not None:
-            batch = _tensordict_cls()({k: take(v) for k, v in self.batch.items()}, batch_size=[rows],
-                                      device=self.batch.device)
+        batch = (None if self.batch is None
+                 else _tensordict({k: take(v) for k, v in self.batch.items()}, rows, self.batch.device))
         return type(self)(batch=batch, non_tensor_batch={k: take(v) for k, v in self.non_tensor_batch.items()},
                           meta_info=dict(self.meta_info))
 
@@ -347,11 +330,7 @@ class DataProto:
                deepcopy: bool = False) -> "DataProto":
         """Keep only the named columns (``None`` keeps all of that part). The result shares the tensors
         unless ``deepcopy``."""
-        for where, keys, present in (("batch", batch_keys, _keys(self.batch)),
-                                     ("non_tensor_batch", non_tensor_batch_keys, self.non_tensor_batch),
-                                     ("meta_info", meta_info_keys, self.meta_info)):
-            if keys is not None:
-                self._missing(where, keys, present)
+        self._check_keys(batch_keys, non_tensor_batch_keys, meta_info_keys)
         batch = self.batch
         if batch is not None:
             batch = batch.copy() if batch_keys is None else batch.select(*batch_keys)
@@ -365,9 +344,7 @@ class DataProto:
         """Remove the named columns from this DataProto and return them as a new one."""
         batch_keys, non_tensor_batch_keys, meta_info_keys = (list(keys or ()) for keys in
                                                              (batch_keys, non_tensor_batch_keys, meta_info_keys))
-        self._missing("batch", batch_keys, _keys(self.batch))
-        self._missing("non_tensor_batch", non_tensor_batch_keys, self.non_tensor_batch)
-        self._missing("meta_info", meta_info_keys, self.meta_info)
+        self._check_keys(batch_keys, non_tensor_batch_keys, meta_info_keys)
         return DataProto.from_dict(
             tensors={k: self.batch.pop(k) for k in batch_keys},
             non_tensors={k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys},
@@ -376,16 +353,14 @@ class DataProto:
 
     def rename(self, old_keys=None, new_keys=None) -> "DataProto":
         """Rename tensor columns in place (a str or a list of str on each side)."""
-        old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
-        new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
+        old_keys, new_keys = ([keys] if isinstance(keys, str) else list(keys or []) for keys in (old_keys, new_keys))
         if len(old_keys) != len(new_keys):
             raise ValueError(f"rename needs as many new keys as old keys, got {old_keys} -> {new_keys}")
-        self._missing("batch", old_keys, _keys(self.batch))
+        self._check_keys(batch_keys=old_keys)
         clash = [k for k in new_keys if k in _keys(self.batch) and k not in old_keys]
         if clash:
             raise DataProtoKeyError(f"rename would overwrite existing batch key(s) {clash}")
-        tensors = [self.batch.pop(k) for k in old_keys]
-        for key, tensor in zip(new_keys, tensors):
+        for key, tensor in zip(new_keys, [self.batch.pop(k) for k in old_keys]):
             self.batch[key] = tensor
         return self
 
@@ -535,12 +510,14 @@ class DataProto:
                     raise DataProtoValueError(f"DataProto.concat: meta_info['{key}'] is {meta[key]!r} in an earlier "
                                               f"part but {value!r} in part {i}; the parts must agree on meta_info "
                                               "(except 'metrics', which is merged)")
-        if metric_parts:
-            meta["metrics"] = _merge_metrics(metric_parts)
-        batch = None
-        if first.batch is not None:
-            batch = _tensordict_cls()({k: torch.cat([p.batch[k] for p in data]) for k in first.batch.keys()},
-                                      batch_size=[sum(len(p) for p in data)], device=first.batch.device)
+        if metric_parts:  # per-worker metric dicts as one dict of lists: every key kept, list values extended
+            meta["metrics"] = {}
+            for metrics in metric_parts:
+                for key, value in metrics.items():
+                    meta["metrics"].setdefault(key, []).extend(value if isinstance(value, list) else [value])
+        batch = None if first.batch is None else _tensordict(
+            {k: torch.cat([p.batch[k] for p in data]) for k in first.batch.keys()}, sum(len(p) for p in data),
+            first.batch.device)
         return type(first)(batch=batch, non_tensor_batch={k: np.concatenate([p.non_tensor_batch[k] for p in data])
                                                           for k in first.non_tensor_batch}, meta_info=meta)
 
@@ -589,11 +566,9 @@ class DataProto:
     def __setstate__(self, state):
         # Files written before the batch was a TensorDict hold only batch / non_tensor_batch / meta_info.
         batch = state["batch"]
-        if batch is not None:
-            batch = _tensordict_from(batch, state.get("batch_size"), state.get("batch_device"))
-        self.batch = batch
-        self.non_tensor_batch = state["non_tensor_batch"]
-        self.meta_info = state["meta_info"]
+        self.batch = (None if batch is None
+                      else _tensordict_from(batch, state.get("batch_size"), state.get("batch_device")))
+        self.non_tensor_batch, self.meta_info = state["non_tensor_batch"], state["meta_info"]
 
     def save_to_disk(self, path: str) -> None:
         """Write to ``path`` atomically (a temporary file in the same folder, then rename), so a

@@ -14,19 +14,10 @@ from verl.utils.registry import as_name
 from verl.utils.torch_functional import masked_whiten
 
 
-def compute_advantage(
-    name: str | Enum,
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray | None = None,
-    values: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_advantage(name: str | Enum, *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                      index: np.ndarray | None = None, values: torch.Tensor | None = None,
+                      reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
+                      norm_adv_by_std_in_grpo: bool = True, config: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered under ``name`` and return ``(advantages, returns)``.
 
     Each estimator receives those of these keyword arguments that appear in its signature (all of
@@ -36,21 +27,12 @@ def compute_advantage(
     """
     fn = get_adv_estimator_fn(name)
     if token_level_rewards.shape != response_mask.shape:
-        raise ValueError(
-            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
-            f"{tuple(response_mask.shape)} must have the same (bs, response_length) shape"
-        )
-    inputs = {
-        "token_level_rewards": token_level_rewards,
-        "response_mask": response_mask,
-        "index": None if index is None else np.asarray(index, dtype=object),
-        "values": values,
-        "reward_baselines": reward_baselines,
-        "gamma": gamma,
-        "lam": lam,
-        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-        "config": config,
-    }
+        raise ValueError(f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
+                         f"{tuple(response_mask.shape)} must have the same (bs, response_length) shape")
+    inputs = {"token_level_rewards": token_level_rewards, "response_mask": response_mask,
+              "index": None if index is None else np.asarray(index, dtype=object), "values": values,
+              "reward_baselines": reward_baselines, "gamma": gamma, "lam": lam,
+              "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo, "config": config}
     kwargs = {}
     takes_any = False
     for param in inspect.signature(fn).parameters.values():
@@ -81,15 +63,18 @@ def _group_ids(index: np.ndarray, bs: int, device: torch.device) -> tuple[torch.
     return torch.tensor(per_sample, dtype=torch.long, device=device), list(numbers)
 
 
+def _group_sum(values: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """Per sample: the sum of ``values`` over its group."""
+    gid, uids = _group_ids(index, values.shape[0], values.device)
+    return torch.zeros(len(uids), dtype=values.dtype, device=values.device).index_add(0, gid, values)[gid]
+
+
 def _group_stats(scores: torch.Tensor, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per sample: size, mean and unbiased std of the scores of its group (std 0 for singletons)."""
-    gid, uids = _group_ids(index, scores.shape[0], scores.device)
-    zeros = torch.zeros(len(uids), dtype=scores.dtype, device=scores.device)
-    count = zeros.index_add(0, gid, torch.ones_like(scores))
-    mean = (zeros.index_add(0, gid, scores) / count)[gid]
-    sq_dev = zeros.index_add(0, gid, (scores - mean) ** 2)
-    std = (sq_dev / (count - 1).clamp(min=1)).sqrt()[gid]
-    return count[gid], mean, std
+    count = _group_sum(torch.ones_like(scores), index)
+    mean = _group_sum(scores, index) / count
+    std = (_group_sum((scores - mean) ** 2, index) / (count - 1).clamp(min=1)).sqrt()
+    return count, mean, std
 
 
 def _mean_with_singletons_at_zero(scores: torch.Tensor, index: np.ndarray):
@@ -100,13 +85,8 @@ def _mean_with_singletons_at_zero(scores: torch.Tensor, index: np.ndarray):
 
 
 @register_adv_est(AdvantageEstimator.GAE)
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae_advantage_return(token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                                 gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016).
 
     Backwards over valid tokens t < t' (t' the next valid token, V_{t'} = A_{t'} = 0 past the end):
@@ -132,14 +112,9 @@ def compute_gae_advantage_return(
 
 
 @register_adv_est(AdvantageEstimator.GRPO)
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray,
+                                   epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                                   config: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al. 2024): A = (R − mean_g) / (std_g + ε), broadcast to the valid tokens.
 
     mean_g and the unbiased std_g are taken over the group sharing the sample's uid; a singleton
@@ -154,14 +129,9 @@ def compute_grpo_outcome_advantage(
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
-def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                         index: np.ndarray, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
+                                         config: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO: only the best sample of each group is credited, A_best = R_max − R_second.
 
     Divided by (std_g + ε) when ``norm_adv_by_std_in_grpo``; every other sample gets 0 (so does
@@ -173,10 +143,8 @@ def compute_grpo_passk_outcome_advantage(
     for g, uid in enumerate(uids):
         members = (gid == g).nonzero().squeeze(-1)
         if members.numel() < 2:
-            raise ValueError(
-                f"grpo_passk needs at least 2 samples per prompt, but uid {uid!r} has 1; "
-                "set actor_rollout_ref.rollout.n >= 2."
-            )
+            raise ValueError(f"grpo_passk needs at least 2 samples per prompt, but uid {uid!r} has 1; "
+                             "set actor_rollout_ref.rollout.n >= 2.")
         group_scores = scores[members]
         top2 = torch.topk(group_scores, 2)
         gap = top2.values[0] - top2.values[1]
@@ -265,13 +233,8 @@ def compute_opo_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)
     lengths = response_mask.sum(dim=-1).to(scores.dtype)
-    gid, uids = _group_ids(index, scores.shape[0], scores.device)
-    zeros = torch.zeros(len(uids), dtype=scores.dtype, device=scores.device)
-    weighted = zeros.index_add(0, gid, lengths * scores)[gid]
-    total_len = zeros.index_add(0, gid, lengths)[gid]
-    count = zeros.index_add(0, gid, torch.ones_like(scores))[gid]
-    baseline = weighted / total_len.clamp(min=1)
-    adv = torch.where(count > 1, scores - baseline, scores)
+    baseline = _group_sum(lengths * scores, index) / _group_sum(lengths, index).clamp(min=1)
+    adv = torch.where(_group_sum(torch.ones_like(scores), index) > 1, scores - baseline, scores)
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv
 

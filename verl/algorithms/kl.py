@@ -25,9 +25,8 @@ def _kl_estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) ->
         return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
     options = f"{', '.join(KL_PENALTY_TYPES)} (each may end in '+' for a straight-through k2 gradient)"
     if kind == "full":
-        raise ValueError(
-            f"kl_penalty 'full' needs the full-vocabulary distributions and is not supported; use one of {options}"
-        )
+        raise ValueError(f"kl_penalty 'full' needs the full-vocabulary distributions and is not supported; "
+                         f"use one of {options}")
     raise ValueError(f"unknown kl_penalty {kind!r}; use one of {options}")
 
 
@@ -64,9 +63,8 @@ class AdaptiveKLController:
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
         if target_kl <= 0 or horizon <= 0:
-            raise ValueError(
-                f"adaptive KL needs kl_ctrl.target_kl > 0 and kl_ctrl.horizon > 0, got {target_kl} and {horizon}"
-            )
+            raise ValueError(f"adaptive KL needs kl_ctrl.target_kl > 0 and kl_ctrl.horizon > 0, got {target_kl} "
+                             f"and {horizon}")
         self.value = init_kl_coef
         self.target = target_kl
         self.horizon = horizon
@@ -86,14 +84,9 @@ def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLCont
     raise ValueError(f"unknown algorithm.kl_ctrl.type {config.type!r}; use 'fixed' or 'adaptive'")
 
 
-def apply_kl_penalty(
-    token_level_scores: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    ref_log_prob: torch.Tensor,
-    response_mask: torch.Tensor,
-    kl_ctrl: FixedKLController | AdaptiveKLController,
-    kl_type: str = "kl",
-) -> tuple[torch.Tensor, dict[str, float]]:
+def apply_kl_penalty(token_level_scores: torch.Tensor, old_log_probs: torch.Tensor, ref_log_prob: torch.Tensor,
+                     response_mask: torch.Tensor, kl_ctrl: FixedKLController | AdaptiveKLController,
+                     kl_type: str = "kl") -> tuple[torch.Tensor, dict[str, float]]:
     """In-reward KL: rewards = scores − β·KL(old, ref)·mask, then kl_ctrl.update(current_kl, n_steps=bs).
 
     current_kl is the mean over sequences of the per-sequence masked token mean of KL (sequences with

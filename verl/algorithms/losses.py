@@ -13,12 +13,8 @@ from verl.workers.config.actor import ActorConfig
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def agg_loss(
-    loss_mat: torch.Tensor,
-    loss_mask: torch.Tensor,
-    loss_agg_mode: str,
-    loss_scale_factor: float | None = None,
-) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
+             loss_scale_factor: float | None = None) -> torch.Tensor:
     """Reduce a (bs, response_length) loss to a scalar over the valid tokens.
 
     With S the set of sequences holding at least one valid token and ℓ_i = Σ_t mask·loss:
@@ -91,10 +87,8 @@ def _finish(loss_mat, old_log_prob, log_prob, response_mask, loss_agg_mode, conf
 
 
 @register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(
-    old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
-):
+def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, rollout_is_weights=None):
     """PPO clipped surrogate with dual-clip (Ye et al. 2020) and asymmetric clip-higher (DAPO).
 
     r = exp(clamp(logp − old, ±20)),  L1 = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)),
@@ -116,10 +110,8 @@ def compute_policy_loss_vanilla(
 
 
 @register_policy_loss("gspo")
-def compute_policy_loss_gspo(
-    old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
-):
+def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                             config=None, rollout_is_weights=None):
     """GSPO (Zheng et al. 2025), token form: one importance ratio per sequence.
 
     s_i = exp(mean_t(logp − old)) over the valid tokens (exponent clamped to ±20), applied per token
@@ -136,10 +128,8 @@ def compute_policy_loss_gspo(
 
 
 @register_policy_loss("gpg")
-def compute_policy_loss_gpg(
-    old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
-):
+def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                            config=None, rollout_is_weights=None):
     """GPG: plain policy gradient, L = −logp·A (no ratio, no clipping)."""
     config = ActorConfig.from_config(config)
     return _finish(-log_prob * advantages, old_log_prob, log_prob, response_mask, loss_agg_mode, config,
@@ -160,10 +150,8 @@ def _num_selected(ratio: float, n_valid: int) -> int:
 
 
 @register_policy_loss("clip_cov")
-def compute_policy_loss_clip_cov(
-    old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
-):
+def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, rollout_is_weights=None):
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs").
 
     Starts from the PPO clipped loss. Among valid tokens not already clipped by PPO whose centred
@@ -174,9 +162,8 @@ def compute_policy_loss_clip_cov(
     """
     config = ActorConfig.from_config(config)
     low, high = _clip_bounds(config)
-    cov_ratio = config.policy_loss.clip_cov_ratio
-    lb = config.policy_loss.clip_cov_lb
-    ub = config.policy_loss.clip_cov_ub
+    loss_cfg = config.policy_loss
+    cov_ratio, lb, ub = loss_cfg.clip_cov_ratio, loss_cfg.clip_cov_lb, loss_cfg.clip_cov_ub
     loss, clipped = _clipped_surrogate(_ratio(old_log_prob, log_prob), advantages, low, high)
     valid = response_mask.bool()
     cov = _centred_cov(advantages, log_prob, response_mask)
@@ -192,10 +179,8 @@ def compute_policy_loss_clip_cov(
 
 
 @register_policy_loss("kl_cov")
-def compute_policy_loss_kl_cov(
-    old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
-):
+def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                               config=None, rollout_is_weights=None):
     """KL-Cov (Cui et al. 2025): unclipped surrogate plus a KL penalty on high-covariance tokens.
 
     L_t = −A·r for most tokens, and −A·r + ``ppo_kl_coef``·|logp − old| for the k =
@@ -203,8 +188,7 @@ def compute_policy_loss_kl_cov(
     (A − mean A)·(logp − mean logp). Extra metric ``pg_klcov_frac``: share of valid tokens penalised.
     """
     config = ActorConfig.from_config(config)
-    cov_ratio = config.policy_loss.kl_cov_ratio
-    kl_coef = config.policy_loss.ppo_kl_coef
+    cov_ratio, kl_coef = config.policy_loss.kl_cov_ratio, config.policy_loss.ppo_kl_coef
     valid = response_mask.bool()
     loss = -advantages * _ratio(old_log_prob, log_prob)
     cov = torch.where(valid, _centred_cov(advantages, log_prob, response_mask), -torch.inf)
@@ -218,10 +202,8 @@ def compute_policy_loss_kl_cov(
 
 
 @register_policy_loss("cispo")
-def compute_policy_loss_cispo(
-    old_log_prob, log_prob, advantages, response_mask,
-    loss_agg_mode="token-mean", config=None, rollout_is_weights=None,
-):
+def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                              config=None, rollout_is_weights=None):
     """CISPO (MiniMax-M1, 2025): L = −sg(clip(r, 1−ε_low, 1+ε_high))·A·logp.
 
     The ratio is clipped as a weight only, so every token keeps a gradient. pg_clipfrac: share of
@@ -239,14 +221,8 @@ def compute_policy_loss_cispo(
 # ---- Value and entropy losses ------------------------------------------------------------------------------------
 
 
-def compute_value_loss(
-    vpreds: torch.Tensor,
-    returns: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    cliprange_value: float,
-    loss_agg_mode: str = "token-mean",
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                       cliprange_value: float, loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: ½·agg(max((v − R)², (clip(v, v_old − c, v_old + c) − R)²)).
 
     ``values`` are the rollout-time predictions v_old, c = ``cliprange_value``. Returns
@@ -260,9 +236,8 @@ def compute_value_loss(
     return vf_loss, vf_clipfrac.detach()
 
 
-def compute_entropy_loss(
-    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
-) -> torch.Tensor:
+def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
+                         loss_agg_mode: str = "token-mean") -> torch.Tensor:
     """agg(H(softmax(logits))) over valid tokens for logits (bs, response_length, vocab).
 
     This is the entropy itself (positive); the actor subtracts ``entropy_coeff`` times it.

@@ -94,10 +94,9 @@ def find_split_files(paths, config_dirs=()) -> dict:
     for p in paths:
         split = split_of(p)
         if os.path.isdir(p) or split is None:
-            raise LocalDatasetError(
-                f"Cannot tell which split {p!r} holds. Pass one folder, or one or two .parquet/.jsonl "
-                f"files whose names contain 'train' or 'test' (e.g. train-00000-of-00001.parquet, test.jsonl)."
-            )
+            raise LocalDatasetError(f"Cannot tell which split {p!r} holds. Pass one folder, or one or two "
+                                    ".parquet/.jsonl files whose names contain 'train' or 'test' (e.g. "
+                                    "train-00000-of-00001.parquet, test.jsonl).")
         if split in found:
             raise LocalDatasetError(f"Two files given for the {split} split: {found[split][0]!r} and {p!r}.")
         found[split] = [p]
@@ -134,10 +133,8 @@ def load_local_splits(paths, columns, config_dirs=()) -> dict:
                 raise LocalDatasetError(f"Row {i} of the {split} split ({', '.join(files)}) is not a JSON object.")
             missing = [c for c in columns if c not in row]
             if missing:
-                raise LocalDatasetError(
-                    f"Row {i} of the {split} split ({', '.join(files)}) lacks the column(s) {missing}; "
-                    f"it has {sorted(row)}. Expected columns: {list(columns)}."
-                )
+                raise LocalDatasetError(f"Row {i} of the {split} split ({', '.join(files)}) lacks the column(s) "
+                                        f"{missing}; it has {sorted(row)}. Expected columns: {list(columns)}.")
         splits[split] = rows
     return splits
 

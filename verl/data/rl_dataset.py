@@ -55,10 +55,8 @@ def _chat_messages(prompt: Any, prompt_key: str) -> list[dict]:
 
     Raises DatasetError without a location; the caller prefixes file, row and column.
     """
-    fix = (
-        f"Each row's '{prompt_key}' must be a chat list like [{{'role': 'user', 'content': '...'}}]; "
-        "fix the preprocessing script, or point data.prompt_key at the chat column."
-    )
+    fix = (f"Each row's '{prompt_key}' must be a chat list like [{{'role': 'user', 'content': '...'}}]; "
+           "fix the preprocessing script, or point data.prompt_key at the chat column.")
     if not isinstance(prompt, (list, tuple, np.ndarray)):
         raise DatasetError(f"prompt is not a chat list, got {type(prompt).__name__}: {_short_repr(prompt)}. {fix}")
     if len(prompt) == 0:
@@ -66,16 +64,13 @@ def _chat_messages(prompt: Any, prompt_key: str) -> list[dict]:
     messages = []
     for turn, message in enumerate(prompt):
         if not hasattr(message, "items") or "role" not in message or "content" not in message:
-            raise DatasetError(
-                f"message {turn} is not a {{role, content}} dict, got "
-                f"{type(message).__name__}: {_short_repr(message)}. {fix}"
-            )
+            raise DatasetError(f"message {turn} is not a {{role, content}} dict, got "
+                               f"{type(message).__name__}: {_short_repr(message)}. {fix}")
         if not isinstance(message["role"], str) or not message["role"]:
             raise DatasetError(f"message {turn} has an empty or non-string role. {fix}")
         if not isinstance(message["content"], str) or not message["content"]:
-            raise DatasetError(
-                f"message {turn} has empty or non-string content ({_short_repr(message['content'])}). {fix}"
-            )
+            raise DatasetError(f"message {turn} has empty or non-string content ({_short_repr(message['content'])}). "
+                               f"{fix}")
         messages.append(_plain(message))
     return messages
 
@@ -84,10 +79,16 @@ def _read_parquet(path: str) -> pa.Table:
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as err:
-        raise DatasetError(
-            f"could not read parquet file {path}: {type(err).__name__}: {err}. "
-            "Check that data.train_files / data.val_files name existing parquet files."
-        ) from err
+        raise DatasetError(f"could not read parquet file {path}: {type(err).__name__}: {err}. "
+                           "Check that data.train_files / data.val_files name existing parquet files.") from err
+
+
+def _data_files(files) -> list[str]:
+    """One path or several, expanded; DatasetError when there are none."""
+    paths = [os.path.expanduser(str(f)) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
+    if not paths:
+        raise DatasetError("no data files given; set data.train_files / data.val_files.")
+    return paths
 
 
 def truncate_prompt(ids: list[int], max_length: int, mode: str) -> list[int]:
@@ -122,11 +123,7 @@ class RLHFDataset(Dataset):
         if processor is not None:
             raise ValueError("RLHFDataset reads text prompts only (no image or video inputs); "
                              "load the model without a multimodal processor (processor=None).")
-        if isinstance(data_files, (str, os.PathLike)):
-            data_files = [data_files]
-        self.data_files = [os.path.expanduser(str(f)) for f in data_files]
-        if not self.data_files:
-            raise DatasetError("no data files given; set data.train_files / data.val_files.")
+        self.data_files = _data_files(data_files)
         self.tokenizer = tokenizer
         config = DataConfig.from_config(config)
         self.prompt_key, self.reward_fn_key = config.prompt_key, config.reward_fn_key
@@ -158,20 +155,17 @@ class RLHFDataset(Dataset):
 
     def _check_chat_template(self):
         if getattr(self.tokenizer, "chat_template", None) is None and "chat_template" not in self.chat_template_kwargs:
-            raise DatasetError(
-                f"tokenizer {getattr(self.tokenizer, 'name_or_path', '')!r} has no chat template. Set "
-                "data.apply_chat_template_kwargs.chat_template or actor_rollout_ref.model.custom_chat_template, "
-                "or use an instruct/chat tokenizer."
-            )
+            raise DatasetError(f"tokenizer {getattr(self.tokenizer, 'name_or_path', '')!r} has no chat template. Set "
+                               "data.apply_chat_template_kwargs.chat_template or "
+                               "actor_rollout_ref.model.custom_chat_template, or use an instruct/chat tokenizer.")
 
     def _load(self, path: str) -> pa.Table:
         table = _read_parquet(path)
         for column in (self.prompt_key, self.reward_fn_key):
             if column not in table.column_names:
-                raise DatasetError(
-                    f"{path}: column '{column}' is missing; columns present: {table.column_names}. "
-                    f"Add it in preprocessing, or set data.prompt_key / data.reward_fn_key to an existing column."
-                )
+                raise DatasetError(f"{path}: column '{column}' is missing; columns present: {table.column_names}. "
+                                   "Add it in preprocessing, or set data.prompt_key / data.reward_fn_key to an "
+                                   "existing column.")
         return table
 
     def _select_rows(self, max_samples: int, shuffle: bool, seed: int) -> np.ndarray:
@@ -205,13 +199,11 @@ class RLHFDataset(Dataset):
 
     def _render(self, messages: list[dict], row: int) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
-            )
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **self.chat_template_kwargs)
         except Exception as err:
             raise DatasetError(
-                f"{self._where(row)}: applying the chat template failed: {type(err).__name__}: {err}"
-            ) from err
+                f"{self._where(row)}: applying the chat template failed: {type(err).__name__}: {err}") from err
 
     def _templated_prompt(self, prompt: Any, row: int) -> str:
         try:
@@ -248,25 +240,17 @@ class RLHFDataset(Dataset):
             self._rows = self._rows[keep]
             self._token_start = self._token_start[keep]
             self._token_len = self._token_len[keep]
-            logger.info(
-                "filter_overlong_prompts: dropped %d of %d prompts longer than data.max_prompt_length=%d tokens",
-                int(overlong.sum()),
-                total,
-                self.max_prompt_length,
-            )
+            logger.info("filter_overlong_prompts: dropped %d of %d prompts longer than "
+                        "data.max_prompt_length=%d tokens", int(overlong.sum()), total, self.max_prompt_length)
             if len(self._rows) == 0:
-                raise DatasetError(
-                    f"every one of the {total} prompts in {self.data_files} is longer than "
-                    f"data.max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length."
-                )
+                raise DatasetError(f"every one of the {total} prompts in {self.data_files} is longer than "
+                                   f"data.max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length.")
         elif self.truncation == "error" and overlong.any():
             first = int(np.argmax(overlong))
-            raise DatasetError(
-                f"{self._where(int(self._rows[first]))}: prompt is {int(self._token_len[first])} tokens after the "
-                f"chat template, longer than data.max_prompt_length={self.max_prompt_length} "
-                f"({int(overlong.sum())} prompts are overlong). Raise data.max_prompt_length, set "
-                "data.truncation=left|right|middle, or set data.filter_overlong_prompts=True."
-            )
+            raise DatasetError(f"{self._where(int(self._rows[first]))}: prompt is {int(self._token_len[first])} tokens "
+                               f"after the chat template, longer than data.max_prompt_length={self.max_prompt_length} "
+                               f"({int(overlong.sum())} prompts are overlong). Raise data.max_prompt_length, set "
+                               "data.truncation=left|right|middle, or set data.filter_overlong_prompts=True.")
 
     # ---- access -------------------------------------------------------------------------------
 
@@ -290,13 +274,8 @@ class RLHFDataset(Dataset):
         out = {k: _plain(v) for k, v in record.items()}
         extra_info = out.get("extra_info")
         index = extra_info.get("index") if isinstance(extra_info, dict) else None
-        out.update(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            raw_prompt_ids=ids,
-            index=row if index is None else index,
-        )
+        out.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, raw_prompt_ids=ids,
+                   index=row if index is None else index)
         if self.return_raw_chat:
             out["raw_prompt"] = messages
         if self.return_full_prompt:
@@ -313,8 +292,5 @@ def collate_fn(items: list[dict]) -> dict:
     batch = {}
     for key in items[0]:
         values = [item[key] for item in items]
-        if isinstance(values[0], torch.Tensor):
-            batch[key] = torch.stack(values)
-        else:
-            batch[key] = object_array(values)
+        batch[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else object_array(values)
     return batch

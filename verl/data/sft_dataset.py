@@ -19,7 +19,6 @@ reported with its file, row and column before training starts.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.data.rl_dataset import DatasetError, _chat_messages, _plain, _read_parquet, _short_repr
+from verl.data.rl_dataset import DatasetError, _chat_messages, _data_files, _plain, _read_parquet, _short_repr
 from verl.trainer.config.config import SFTDataConfig
 
 logger = logging.getLogger("verl.dataset")
@@ -43,11 +42,7 @@ class SFTDataset(Dataset):
     """
 
     def __init__(self, parquet_files, tokenizer, config=None):
-        if isinstance(parquet_files, (str, os.PathLike)):
-            parquet_files = [parquet_files]
-        self.files = [os.path.expanduser(str(f)) for f in parquet_files or []]
-        if not self.files:
-            raise DatasetError("no data files given; set data.train_files / data.val_files.")
+        self.files = _data_files([] if parquet_files is None else parquet_files)
         self.tokenizer = tokenizer
         config = SFTDataConfig.from_config(config)
         self.multiturn, self.messages_key = config.multiturn.enable, config.multiturn.messages_key

@@ -16,11 +16,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-}
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
+           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -44,17 +41,14 @@ def _check_model_path(path: str | None, config_key: str) -> str:
     path = os.path.expanduser(str(path))
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(
-                f"{config_key}={path!r} is a folder but holds no config.json; point it at the folder that "
-                "save_pretrained (or `huggingface-cli download ID --local-dir DIR`) wrote."
-            )
+            raise FileNotFoundError(f"{config_key}={path!r} is a folder but holds no config.json; point it at the "
+                                    "folder that save_pretrained (or `huggingface-cli download ID --local-dir DIR`) "
+                                    "wrote.")
         return path
     if looks_local(path):
-        raise FileNotFoundError(
-            f"{config_key}={path!r}: no such folder. Models must be local folders here (download one with "
-            "`huggingface-cli download ID --local-dir DIR` and pass DIR), or Hugging Face ids when a hub is "
-            "reachable."
-        )
+        raise FileNotFoundError(f"{config_key}={path!r}: no such folder. Models must be local folders here (download "
+                                "one with `huggingface-cli download ID --local-dir DIR` and pass DIR), or Hugging Face "
+                                "ids when a hub is reachable.")
     return path  # a hub id such as "Qwen/Qwen2.5-0.5B-Instruct"
 
 
@@ -77,18 +71,15 @@ def load_hf_config(path: str, *, trust_remote_code: bool = False, override_confi
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as err:
-        raise FileNotFoundError(
-            f"{config_key}={path!r} is neither a local model folder nor a Hugging Face id that could be "
-            f"fetched ({err}). Models must be local folders here, or Hugging Face ids when a hub is reachable."
-        ) from err
+        raise FileNotFoundError(f"{config_key}={path!r} is neither a local model folder nor a Hugging Face id that "
+                                f"could be fetched ({err}). Models must be local folders here, or Hugging Face ids "
+                                "when a hub is reachable.") from err
     except (ValueError, KeyError) as err:
         import transformers
 
-        raise ValueError(
-            f"{config_key}={path!r}: transformers {transformers.__version__} does not recognise this model "
-            f"({err}). Use an architecture transformers supports, or set trust_remote_code=True if the "
-            "folder ships its own modelling code."
-        ) from err
+        raise ValueError(f"{config_key}={path!r}: transformers {transformers.__version__} does not recognise this "
+                         f"model ({err}). Use an architecture transformers supports, or set trust_remote_code=True if "
+                         "the folder ships its own modelling code.") from err
     apply_override_config(config, override_config)
     return config
 
@@ -137,10 +128,9 @@ def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, tru
     mapping = getattr(modeling_auto, _MAPPING_NAMES[auto_class])
     remote = trust_remote_code and auto_class in (getattr(config, "auto_map", None) or {})
     if config.model_type not in mapping and not remote:
-        raise ValueError(
-            f"{config_key}={path!r}: model type {config.model_type!r} has no {auto_class} in transformers, "
-            f"so it cannot be loaded for this role. Supported types include: {', '.join(sorted(mapping)[:12])}, ..."
-        )
+        raise ValueError(f"{config_key}={path!r}: model type {config.model_type!r} has no {auto_class} in "
+                         "transformers, so it cannot be loaded for this role. Supported types include: "
+                         f"{', '.join(sorted(mapping)[:12])}, ...")
     if remove_padding:
         check_packable(config, config_key)
     if one_label:  # values and scores must be deterministic
@@ -192,8 +182,7 @@ def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, tru
         std = model.config.initializer_range
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
-            weight = torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std
-            head.weight.copy_(weight)
+            head.weight.copy_(torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std)
             if head.bias is not None:
                 head.bias.zero_()
         logger.info("value model %s: new %s head, N(0, %g^2)", path, head_name, std)

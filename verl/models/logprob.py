@@ -119,25 +119,28 @@ def call_as_forward(module: torch.nn.Module, fn, *args, **kwargs):
             module.forward = previous
 
 
-def _backbone(model):
-    return getattr(model, model.base_model_prefix)
+def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool):
+    """The backbone's (``model.model``'s) final hidden states: padded, (B, T, H) and None; packed (see
+    :mod:`verl.models.packed`), (N, H) for the N valid tokens and the `Packed` batch that places them."""
+    backbone = getattr(model, model.base_model_prefix)
+    if not packed:
+        return backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=False).last_hidden_state, None
+    from verl.models.packed import pack
+
+    batch = pack(input_ids, attention_mask, position_ids)
+    return backbone(**batch.model_kwargs(), use_cache=False).last_hidden_state[0], batch
 
 
 def _hidden_states(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool):
     """Final hidden states at the positions that predict the last ``response_length`` tokens.
 
-    Padded: (B, R, H) at columns T-R-1 .. T-2, with ``None`` as the mask. Packed (see
-    :mod:`verl.models.packed`): (n, H) for the n valid response tokens only, with the (B, R) mask that
-    places them (row-major) back into the batch.
+    Padded: (B, R, H) at columns T-R-1 .. T-2, with ``None`` as the mask. Packed: (n, H) for the n valid
+    response tokens only, with the (B, R) mask that places them (row-major) back into the batch.
     """
-    if not packed:
-        hidden = _backbone(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state
+    hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, packed)
+    if batch is None:
         return hidden[:, -response_length - 1:-1], None
-    from verl.models.packed import pack
-
-    batch = pack(input_ids, attention_mask, position_ids)
-    hidden = _backbone(model)(**batch.model_kwargs(), use_cache=False).last_hidden_state[0]
     valid, before = batch.response_positions(response_length)
     return hidden[before], valid
 

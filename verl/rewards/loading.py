@@ -47,8 +47,7 @@ def _load_module(path: str):
     return module
 
 
-def _check_signature(fn: Callable, name: str, path: str, expected: tuple[str, ...],
-                     bound_kwargs: dict) -> None:
+def _check_signature(fn: Callable, name: str, path: str, expected: tuple[str, ...], bound_kwargs: dict) -> None:
     """Raise unless ``fn`` accepts the keyword call the reward manager will make."""
     try:
         signature = inspect.signature(fn)
@@ -86,7 +85,6 @@ def get_custom_reward_fn(config) -> Callable | None:
                              "rule rewards, which score one sample at a time; use reward_model.reward_manager=naive")
         return functools.partial(default_compute_score, **reward_kwargs)
     name = custom.name
-
     module = _load_module(path)
     fn = getattr(module, name, None)
     if fn is None or not callable(fn):
@@ -110,8 +108,7 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     manager_cls = get_reward_manager_cls(reward_model.reward_manager)
     kwargs = {"reward_fn_key": data.reward_fn_key}
     if reward_model.reward_manager == "dapo":
-        kwargs["max_resp_len"] = data.max_response_length
-        kwargs["overlong_buffer_cfg"] = reward_model.overlong_buffer
+        kwargs.update(max_resp_len=data.max_response_length, overlong_buffer_cfg=reward_model.overlong_buffer)
     kwargs.update(reward_kwargs)
     # None lets each manager pick its default (the rule rewards; the batch manager requires a function).
     return manager_cls(tokenizer=tokenizer, num_examine=num_examine,
@@ -131,12 +128,10 @@ def check_rule_reward_rows(dataset, config, split: str = "data.train_files") -> 
 
     known = registered_data_sources()
     reward_kwargs = dict(custom.reward_kwargs or {})
-    checked_sources, sandbox_checked = set(), set()
+    checked_sources, sandbox_checked, problems = set(), set(), []
     source_key = data.reward_fn_key
-    problems = []
-    sources = dataset.column_values(source_key)
-    truths = dataset.column_values("reward_model")
-    for (path, row, source), (_, _, reward_model) in zip(sources, truths):
+    for (path, row, source), (_, _, reward_model) in zip(dataset.column_values(source_key),
+                                                         dataset.column_values("reward_model")):
         if reward_kwargs and source not in checked_sources and find_scorer(source) is not None:
             checked_sources.add(source)
             unknown, takes = rejected_kwargs(source, reward_kwargs)

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from verl.models.loader import load_pretrained
-from verl.models.logprob import call_as_forward
-from verl.models.packed import pack
+from verl.models.logprob import backbone_hidden, call_as_forward
 from verl.protocol import DataProto, left_padded
 from verl.utils.seqlen_balancing import map_micro_batches
 
@@ -41,15 +40,9 @@ def sequence_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     last = (attention_mask.long() * torch.arange(attention_mask.shape[1], device=attention_mask.device)).argmax(-1)
 
     def scored_forward(input_ids, attention_mask, position_ids):
-        backbone = getattr(model, model.base_model_prefix)
-        if remove_padding:
-            batch = pack(input_ids, attention_mask, position_ids)
-            hidden = backbone(**batch.model_kwargs(), use_cache=False).last_hidden_state[0]
-            pooled = hidden[batch.index[torch.arange(len(last), device=last.device), last]]
-        else:
-            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              use_cache=False).last_hidden_state
-            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, remove_padding)
+        rows = torch.arange(len(last), device=last.device)
+        pooled = hidden[rows, last] if batch is None else hidden[batch.index[rows, last]]
         head = model.score if hasattr(model, "score") else model.classifier
         return head(pooled).squeeze(-1).float().clone()
 

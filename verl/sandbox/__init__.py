@@ -6,13 +6,7 @@ untrusted input (the ``numina_*`` grader), each isolated with Linux namespaces, 
 - :mod:`.programs`: the code that runs inside (its root process, the worker's loop, the seccomp filter).
 """
 
-from verl.sandbox.process import (
-           SandboxLimits,
-           SandboxResult,
-           SandboxUnavailable,
-           isolation,
-           run_python,
-)
+from verl.sandbox.process import SandboxLimits, SandboxResult, SandboxUnavailable, isolation, run_python
 from verl.sandbox.worker import CallResult, SandboxPool, SandboxWorker
 
 __all__ = ["CallResult", "SandboxLimits", "SandboxPool", "SandboxResult", "SandboxUnavailable", "SandboxWorker",

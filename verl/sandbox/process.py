@@ -33,6 +33,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -133,8 +134,6 @@ def _interpreter() -> str:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if os.path.isfile(candidate):
             return os.path.realpath(candidate)
-    import sys
-
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
@@ -172,8 +171,7 @@ def isolation() -> str:
     except OSError as err:
         return f"`unshare` could not start: {err}"
     if result.status != "ok" or result.stdout.strip() != "ok":
-        return (f"user/network/mount/PID namespaces are not available to an unprivileged user here "
-                f"({result.reason})")
+        return f"user/network/mount/PID namespaces are not available to an unprivileged user here ({result.reason})"
     return "namespaces"
 
 
@@ -197,10 +195,9 @@ def _library_paths(libraries) -> list[str]:
             while ancestor != "/":
                 if not os.stat(ancestor).st_mode & 0o001:
                     raise SandboxUnavailable(
-                        f"the sandbox runs as an unprivileged user and cannot enter {ancestor} (on the way to "
-                        f"{path}); install "
-                        "Python packages where every user can read them (chmod o+rx), e.g. a virtual environment "
-                        "outside /root")
+                        f"the sandbox runs as an unprivileged user and cannot enter {ancestor} (on the way to {path}); "
+                        "install Python packages where every user can read them (chmod o+rx), e.g. a virtual "
+                        "environment outside /root")
                 ancestor = os.path.dirname(ancestor)
         paths.append(path)
     return paths
@@ -305,10 +302,8 @@ def _classify(returncode: int, stderr: str, timed_out: bool, overflow: bool, lim
         return "output_limit", f"stopped after more than {limits.max_output_bytes} bytes of output"
     if returncode == 0:
         return "ok", "exited 0"
-    if returncode in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and "MemoryError" not in stderr:
-        # the kernel sends SIGXCPU at the CPU limit and SIGKILL one second later
-        if returncode == 128 + signal.SIGXCPU:
-            return "cpu_limit", f"used more than {limits.cpu_seconds} s of CPU time"
+    if returncode == 128 + signal.SIGXCPU and "MemoryError" not in stderr:  # the kernel's signal at the CPU limit
+        return "cpu_limit", f"used more than {limits.cpu_seconds} s of CPU time"
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
         return "memory_limit", f"ran out of its {limits.memory_mb} MB of memory"
     if returncode > 128:

@@ -23,18 +23,8 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from verl.sandbox.process import (
-    _DENIED_CALLS,
-    SandboxLimits,
-    SandboxUnavailable,
-    _kill,
-    _library_paths,
-    _prepare,
-    _privileges,
-    _require_isolation,
-    _seccomp,
-    _syscall,
-)
+from verl.sandbox.process import (_DENIED_CALLS, SandboxLimits, SandboxUnavailable, _kill, _library_paths, _prepare,
+                                  _privileges, _require_isolation, _seccomp, _syscall)
 from verl.sandbox.programs import program_source
 
 __all__ = ["CallResult", "SandboxPool", "SandboxWorker"]

@@ -211,9 +211,5 @@ def register(dispatch_mode: str = Dispatch.ALL_TO_ALL, execute_mode: Execute = E
 
 def registered_methods(cls: type) -> dict[str, MethodSpec]:
     """The ``@register``-ed methods of ``cls`` (including inherited ones), by name."""
-    found = {}
-    for name in dir(cls):
-        spec = getattr(getattr(cls, name, None), _SPEC_ATTR, None)
-        if isinstance(spec, MethodSpec):
-            found[name] = spec
-    return found
+    specs = {name: getattr(getattr(cls, name, None), _SPEC_ATTR, None) for name in dir(cls)}
+    return {name: spec for name, spec in specs.items() if isinstance(spec, MethodSpec)}

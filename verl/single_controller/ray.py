@@ -100,9 +100,7 @@ def init_ray(ray_kwargs: Mapping | None = None, device: str = "cuda") -> None:
         ray.init(address=address, runtime_env=runtime_env, **ray_init)
         logger.info("Ray: joined the cluster at %s", address)
         return
-    ray_init.setdefault("num_cpus", os.cpu_count())
-    ray_init.setdefault("include_dashboard", False)
-    ray_init.setdefault("_node_ip_address", "127.0.0.1")
+    ray_init = {"num_cpus": os.cpu_count(), "include_dashboard": False, "_node_ip_address": "127.0.0.1", **ray_init}
     loopback = ray_init["_node_ip_address"] in ("127.0.0.1", "localhost")
     with _loopback_node_address() if loopback else contextlib.nullcontext():
         ray.init(address="local", runtime_env=runtime_env, **ray_init)
@@ -289,25 +287,20 @@ class _Actors:
         self.pool, self.stopped, self.handles = pool, None, []
         bundles = pool._claim(name)
         try:
-            self._start(bundles, actor_cls, args, kwargs, name, device)
+            init_method = _rendezvous(bundles, name)
+            for rank, b in enumerate(bundles):
+                env = {"RANK": str(rank), "WORLD_SIZE": str(len(bundles)), "LOCAL_RANK": str(b.index),
+                       "LOCAL_WORLD_SIZE": str(b.local_world_size), DEVICE_ENV: device,
+                       INIT_METHOD_ENV: init_method, NODE_IP_ENV: b.node_ip}
+                strategy = PlacementGroupSchedulingStrategy(b.pg, placement_group_bundle_index=b.index)
+                options = dict(pool.actor_options(), scheduling_strategy=strategy, runtime_env={"env_vars": env})
+                self.handles.append(actor_cls.options(**options).remote(*args, **kwargs))
+            # Wait for every constructor, so that a failing __init__ is reported here, by rank.
+            ranks = list(range(len(self.handles)))
+            self.wait(name, "__init__", ranks, [h.__ray_ready__.remote() for h in self.handles])
         except BaseException:
             self.stop("a worker failed to start")
             raise
-
-    def _start(self, bundles: list[_Bundle], actor_cls, args: tuple, kwargs: dict, name: str,
-               device: str) -> None:
-        init_method = _rendezvous(bundles, name)
-        for rank, b in enumerate(bundles):
-            env = {"RANK": str(rank), "WORLD_SIZE": str(len(bundles)), "LOCAL_RANK": str(b.index),
-                   "LOCAL_WORLD_SIZE": str(b.local_world_size), DEVICE_ENV: device,
-                   INIT_METHOD_ENV: init_method, NODE_IP_ENV: b.node_ip}
-            strategy = PlacementGroupSchedulingStrategy(b.pg, placement_group_bundle_index=b.index)
-            options = dict(self.pool.actor_options(), scheduling_strategy=strategy,
-                           runtime_env={"env_vars": env})
-            self.handles.append(actor_cls.options(**options).remote(*args, **kwargs))
-        # Wait for every constructor, so that a failing __init__ is reported here, by rank.
-        ranks = list(range(len(self.handles)))
-        self.wait(name, "__init__", ranks, [h.__ray_ready__.remote() for h in self.handles])
 
     def stop(self, reason: str) -> None:
         if self.stopped is None:

@@ -76,11 +76,10 @@ class Worker:
             # One node: keep the collective library's own sockets on loopback too.
             _loopback_collectives()
             os.makedirs(os.path.dirname(init_method[len("file://"):]), exist_ok=True)
-            dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                    world_size=self.world_size, timeout=timeout)
+            rendezvous = {"init_method": init_method}
         else:  # tcp://host:port on rank 0's node (several nodes)
-            dist.init_process_group(backend, store=_tcp_store(init_method, self.rank, self.world_size, timeout),
-                                    rank=self.rank, world_size=self.world_size, timeout=timeout)
+            rendezvous = {"store": _tcp_store(init_method, self.rank, self.world_size, timeout)}
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timeout, **rendezvous)
         return dist.group.WORLD
 
     def __repr__(self) -> str:

@@ -104,13 +104,6 @@ class DataProtoFuture(WorkerFuture):
     with the padding rows removed. Passing it to another group method waits for it first."""
 
 
-def _resolve_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    def resolve(value):
-        return value.get() if isinstance(value, WorkerFuture) else value
-
-    return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
-
-
 class WorkerGroup(ABC):
     """Backend-independent part of a worker group. A backend subclass provides
     ``world_size``, ``_submit``, ``_wait`` and ``shutdown``.
@@ -164,7 +157,8 @@ class WorkerGroup(ABC):
         future_cls = DataProtoFuture if mode.name == Dispatch.DP_COMPUTE_PROTO else WorkerFuture
 
         def call(*args, **kwargs):
-            args, kwargs = _resolve_futures(args, kwargs)
+            args = tuple(a.get() if isinstance(a, WorkerFuture) else a for a in args)  # a future: wait for it
+            kwargs = {k: v.get() if isinstance(v, WorkerFuture) else v for k, v in kwargs.items()}
             pad_size = padded_len = 0
             if mode.pads_dataproto:
                 args, kwargs, pad_size = pad_dataproto_args(self.world_size, args, kwargs)

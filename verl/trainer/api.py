@@ -17,7 +17,7 @@ from verl.trainer.config import PPO_CONFIG_NAME, ConfigError
 from verl.trainer.config.algorithm import PPOAlgorithmConfig
 from verl.trainer.config.compose import closest_key, compose_ppo_config, dotted_keys
 from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig, TrainerConfig
-from verl.trainer.config.spec import need_critic
+from verl.trainer.config.spec import SECTIONS, need_critic
 from verl.workers.config import (
     ActorConfig, ActorRolloutRefConfig, CriticConfig, ModelConfig, RefConfig, RewardModelConfig, RolloutConfig
 )
@@ -57,36 +57,26 @@ class PPOTrainer:
     in this process (trainer.backend=local).
     """
 
-    def __init__(
-        self,
-        config: DictConfig | Mapping | None = None,
-        *,
-        data: DataConfig | Mapping | None = None,
-        actor_rollout_ref: ActorRolloutRefConfig | Mapping | None = None,
-        critic: CriticConfig | Mapping | None = None,
-        reward_model: RewardModelConfig | Mapping | None = None,
-        custom_reward_function: CustomRewardFunctionConfig | Mapping | None = None,
-        algorithm: PPOAlgorithmConfig | Mapping | None = None,
-        trainer: TrainerConfig | Mapping | None = None,
-        overrides: Sequence[str] | Mapping[str, Any] | None = None,
-        actor_model_name: str | os.PathLike | None = None,
-        reward_model_name: str | os.PathLike | None = None,
-        critic_model_name: str | os.PathLike | None = None,
-        train_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-        val_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-        adv_estimator: str | None = None,
-    ):
+    def __init__(self, config: DictConfig | Mapping | None = None, *, data: DataConfig | Mapping | None = None,
+                 actor_rollout_ref: ActorRolloutRefConfig | Mapping | None = None,
+                 critic: CriticConfig | Mapping | None = None, reward_model: RewardModelConfig | Mapping | None = None,
+                 custom_reward_function: CustomRewardFunctionConfig | Mapping | None = None,
+                 algorithm: PPOAlgorithmConfig | Mapping | None = None, trainer: TrainerConfig | Mapping | None = None,
+                 overrides: Sequence[str] | Mapping[str, Any] | None = None,
+                 actor_model_name: str | os.PathLike | None = None, reward_model_name: str | os.PathLike | None = None,
+                 critic_model_name: str | os.PathLike | None = None,
+                 train_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+                 val_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+                 adv_estimator: str | None = None):
         sections = dict(data=data, actor_rollout_ref=actor_rollout_ref, critic=critic, reward_model=reward_model,
                         custom_reward_function=custom_reward_function, algorithm=algorithm, trainer=trainer)
-        given = [
-            ("actor_model_name", actor_model_name, {"actor_rollout_ref.model.path": actor_model_name}),
-            ("critic_model_name", critic_model_name, {"critic.model.path": critic_model_name}),
-            ("reward_model_name", reward_model_name,
-             {"reward_model.enable": True, "reward_model.model.path": reward_model_name}),
-            ("train_files", train_files, {"data.train_files": train_files}),
-            ("val_files", val_files, {"data.val_files": val_files}),
-            ("adv_estimator", adv_estimator, {"algorithm.adv_estimator": adv_estimator}),
-        ]
+        given = [("actor_model_name", actor_model_name, {"actor_rollout_ref.model.path": actor_model_name}),
+                 ("critic_model_name", critic_model_name, {"critic.model.path": critic_model_name}),
+                 ("reward_model_name", reward_model_name,
+                  {"reward_model.enable": True, "reward_model.model.path": reward_model_name}),
+                 ("train_files", train_files, {"data.train_files": train_files}),
+                 ("val_files", val_files, {"data.val_files": val_files}),
+                 ("adv_estimator", adv_estimator, {"algorithm.adv_estimator": adv_estimator})]
         shorthands = {f"{name}=": {k: plain_value(v) for k, v in items.items()}
                       for name, value, items in given if value is not None}
         if config is not None:
@@ -114,28 +104,24 @@ class PPOTrainer:
     def fit(self) -> Any:
         """Validate (the config, then the files and machine it needs: :mod:`verl.trainer.preflight`), then
         train: ``verl.trainer.main_ppo.run_ppo(self.config)``; returns what it returns."""
-        self.validate()
+        from verl.trainer.main_ppo import run_ppo
         from verl.trainer.preflight import preflight
 
+        self.validate()
         preflight(self.config)
-        from verl.trainer.main_ppo import run_ppo
-
         return run_ppo(self.config)
 
     def __repr__(self) -> str:
         get = self._get
         estimator = get("algorithm.adv_estimator")
         uses_critic = need_critic(get("critic.enable"), estimator)
-        parts = [
-            f"model={get('actor_rollout_ref.model.path')!r}",
-            f"algorithm={estimator!r}",
-            f"critic={get('critic.model.path') if uses_critic else None!r}",
-            f"reward_model={get('reward_model.model.path') if get('reward_model.enable') else None!r}",
-            f"rollout={get(_ENGINE_KEY)!r} (n={get('actor_rollout_ref.rollout.n')})",
-            (f"devices={get('trainer.nnodes')}x{get('trainer.n_gpus_per_node')} {get('trainer.device')} "
-             f"({get('trainer.backend')})"),
-            f"train_files={get('data.train_files')!r}",
-        ]
+        parts = [f"model={get('actor_rollout_ref.model.path')!r}", f"algorithm={estimator!r}",
+                 f"critic={get('critic.model.path') if uses_critic else None!r}",
+                 f"reward_model={get('reward_model.model.path') if get('reward_model.enable') else None!r}",
+                 f"rollout={get(_ENGINE_KEY)!r} (n={get('actor_rollout_ref.rollout.n')})",
+                 f"devices={get('trainer.nnodes')}x{get('trainer.n_gpus_per_node')} {get('trainer.device')} "
+                 f"({get('trainer.backend')})",
+                 f"train_files={get('data.train_files')!r}"]
         return f"PPOTrainer({', '.join(parts)})"
 
     def _get(self, key: str) -> Any:
@@ -156,35 +142,20 @@ def _check_rollout_engine(config: DictConfig) -> None:
     try:
         check_rollout_name(name)
     except ValueError as e:
-        raise ConfigError("Invalid configuration:", [
-            f"{_ENGINE_KEY}: {e} (in Python: RolloutConfig(name=...) inside ActorRolloutRefConfig)"
-        ]) from None
+        raise ConfigError("Invalid configuration:", [f"{_ENGINE_KEY}: {e} (in Python: RolloutConfig(name=...) "
+                                                     "inside ActorRolloutRefConfig)"]) from None
 
 
 # ---- Objects -> the composed trainer config ----------------------------------------------------------------------
-
-SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "actor_rollout_ref": ActorRolloutRefConfig,
-    "critic": CriticConfig,
-    "reward_model": RewardModelConfig,
-    "custom_reward_function": CustomRewardFunctionConfig,
-    "algorithm": PPOAlgorithmConfig,
-    "trainer": TrainerConfig,
-}
 
 Source = tuple[str, Mapping[str, Any]]  # (where the values came from, for messages; {dotted key: value})
 
 
 def build_ppo_config(
-    *,
-    data: DataConfig | Mapping | None = None,
-    actor_rollout_ref: ActorRolloutRefConfig | Mapping | None = None,
-    critic: CriticConfig | Mapping | None = None,
-    reward_model: RewardModelConfig | Mapping | None = None,
+    *, data: DataConfig | Mapping | None = None, actor_rollout_ref: ActorRolloutRefConfig | Mapping | None = None,
+    critic: CriticConfig | Mapping | None = None, reward_model: RewardModelConfig | Mapping | None = None,
     custom_reward_function: CustomRewardFunctionConfig | Mapping | None = None,
-    algorithm: PPOAlgorithmConfig | Mapping | None = None,
-    trainer: TrainerConfig | Mapping | None = None,
+    algorithm: PPOAlgorithmConfig | Mapping | None = None, trainer: TrainerConfig | Mapping | None = None,
     overrides: Sequence[str] | Mapping[str, Any] | None = None,
 ) -> DictConfig:
     """The trainer config: ppo_trainer.yaml's defaults with the values the objects set.

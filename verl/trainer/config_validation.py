@@ -31,27 +31,13 @@ from verl.trainer.config.compose import compose_ppo_config, default_config_value
 # The checks validate_config runs after check_types, in this order; a new check is one function
 # added to checks.py (or unused_keys.py) and listed here.
 CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
-    checks.check_required,
-    checks.check_model_folders,
-    checks.check_choices,
-    checks.check_registered_names,
-    checks.check_kl_estimators,
-    checks.check_strategies,
-    checks.check_rollout_engine,
-    checks.check_loggers,
-    checks.check_backend,
-    checks.check_ranges,
-    checks.check_sampling,
-    checks.check_combinations,
-    batch_checks.check_micro_batch_pairs,
-    batch_checks.check_batch_sizes,
-    batch_checks.check_dynamic_sampling,
-    lora_checks.check_lora,
-    multi_turn_checks.check_multi_turn,
-    unused_keys.check_other_backend_keys,
-    unused_keys.check_not_implemented,
+    checks.check_required, checks.check_model_folders, checks.check_choices, checks.check_registered_names,
+    checks.check_kl_estimators, checks.check_strategies, checks.check_rollout_engine, checks.check_loggers,
+    checks.check_backend, checks.check_ranges, checks.check_sampling, checks.check_combinations,
+    batch_checks.check_micro_batch_pairs, batch_checks.check_batch_sizes, batch_checks.check_dynamic_sampling,
+    lora_checks.check_lora, multi_turn_checks.check_multi_turn,
+    unused_keys.check_other_backend_keys, unused_keys.check_not_implemented,
 )
-
 
 __all__ = ["ConfigError", "SUCCESS_LINE", "checked_config", "compose_ppo_config", "main", "validate_config"]
 
@@ -73,15 +59,19 @@ def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = Non
         values = OmegaConf.to_container(config, resolve=True)
     except Exception as e:  # an interpolation pointing nowhere: nothing else can be checked reliably
         key = getattr(e, "full_key", None) or "<config>"
-        raise ConfigError("Invalid configuration:", [
-            f"{key}: cannot be resolved ({str(e).splitlines()[0]}). Fix or remove the ${{...}} reference"
-        ]) from e
+        raise ConfigError("Invalid configuration:", [f"{key}: cannot be resolved ({str(e).splitlines()[0]}). Fix "
+                                                     "or remove the ${...} reference"]) from e
 
     run = Run(cfg=values, defaults=default_config_values(PPO_CONFIG_NAME),
               raw=OmegaConf.to_container(config, resolve=False))
     issues = list(check_types(run))
     run.bad_keys = {issue.key for issue in issues}
-    _count_devices(run, n_devices)
+    nodes, per_node = run.get("trainer.nnodes"), run.get("trainer.n_gpus_per_node")
+    if n_devices is not None:
+        run.n_devices, run.n_devices_source = n_devices, "as passed to validate_config"
+    elif isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 and per_node > 0:
+        run.n_devices = nodes * per_node
+        run.n_devices_source = f"trainer.n_gpus_per_node={per_node} x trainer.nnodes={nodes}"
     for check in CHECKS:
         issues.extend(issue for issue in check(run) if issue.key not in run.bad_keys)
     # A key that follows another through ${...} repeats the other key's problem: report it at the source.
@@ -95,16 +85,6 @@ def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = Non
         raise ConfigError(f"Invalid configuration ({len(errors)} problem{'s' if len(errors) > 1 else ''}):", errors)
     print(SUCCESS_LINE, flush=True)
     return warnings
-
-
-def _count_devices(run: Run, n_devices: int | None) -> None:
-    if n_devices is not None:
-        run.n_devices, run.n_devices_source = n_devices, "as passed to validate_config"
-        return
-    nodes, per_node = run.get("trainer.nnodes"), run.get("trainer.n_gpus_per_node")
-    if isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 and per_node > 0:
-        run.n_devices = nodes * per_node
-        run.n_devices_source = f"trainer.n_gpus_per_node={per_node} x trainer.nnodes={nodes}"
 
 
 def checked_config(argv: Sequence[str] | None = None) -> DictConfig | None:

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.trainer.config import ConfigError
 from verl.trainer.config.compose import compose_config, default_config_values
 from verl.trainer.config.config import SFTDataConfig
+from verl.trainer.ppo import checkpointing
 from verl.utils.logging_utils import configure_logging
 from verl.utils.seqlen_balancing import all_reduce_scalar
 
@@ -45,7 +46,6 @@ logger = logging.getLogger("verl.sft")
 CONFIG_NAME = "sft_trainer"
 
 
-# ------------------------------------------------------------------------------------------------ config
 def compose_sft_config(argv=()) -> DictConfig:
     """The SFT config from Hydra overrides; unknown keys -> ConfigError with the closest valid key."""
     return compose_config(list(argv), CONFIG_NAME)
@@ -96,11 +96,9 @@ def _problems(values: dict, world_size: int) -> tuple[list[str], list[str]]:
             errors.append(str(err).rstrip("."))
 
     batch, micro = get("data.train_batch_size"), get("data.micro_batch_size_per_gpu")
-    for key, value in (("data.train_batch_size", batch), ("data.micro_batch_size_per_gpu", micro),
-                       ("data.max_length", get("data.max_length")),
-                       ("trainer.total_epochs", get("trainer.total_epochs"))):
-        if isinstance(value, int) and value < 1:
-            errors.append(f"{key}: must be at least 1, got {value}")
+    for key in ("data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_length", "trainer.total_epochs"):
+        if isinstance(get(key), int) and get(key) < 1:
+            errors.append(f"{key}: must be at least 1, got {get(key)}")
     if isinstance(batch, int) and isinstance(micro, int) and micro > 0 and batch % (micro * world_size):
         errors.append(f"data.train_batch_size: {batch} is not divisible by data.micro_batch_size_per_gpu x world size "
                       f"= {micro} x {world_size}. Make it a multiple of {micro * world_size}")
@@ -158,7 +156,6 @@ def validate_sft_config(config: DictConfig, world_size: int = 1) -> list[str]:
     return warnings
 
 
-# ------------------------------------------------------------------------------------------------ helpers
 def _token_nll(module, micro_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of -log p over the loss-mask tokens, their count) of one right-padded micro-batch.
 
@@ -175,7 +172,6 @@ def _token_nll(module, micro_batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return -(log_probs * mask).sum(), mask.sum()
 
 
-# ------------------------------------------------------------------------------------------------ trainer
 class FSDPSFTTrainer:
     """Supervised fine-tuning of one causal LM over every rank of the default process group."""
 
@@ -214,7 +210,6 @@ class FSDPSFTTrainer:
                                  enable_gradient_checkpointing=model_config.enable_gradient_checkpointing,
                                  device=self.device)
 
-    # ---------------------------------------------------------------------------------------- steps
     def training_step(self, batch: dict) -> dict:
         """One optimizer step on a global batch; returns the step's ``train/*`` metrics (same on every rank)."""
         start = time.perf_counter()
@@ -256,10 +251,7 @@ class FSDPSFTTrainer:
         nll_sum, token_sum = all_reduce_scalar(nll_sum), all_reduce_scalar(token_sum)
         return nll_sum / max(token_sum, 1.0)
 
-    # ---------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> str:
-        from verl.trainer.ppo import checkpointing
-
         path = checkpointing.step_dir(self.checkpoint_root, self.global_step)
         self.engine.save_checkpoint(path, save_contents=self.config.trainer.checkpoint.save_contents,
                                     tokenizer=self.tokenizer)
@@ -272,8 +264,6 @@ class FSDPSFTTrainer:
 
     def load_checkpoint(self) -> None:
         """Resume under ``trainer.resume_mode`` (auto: the newest finished checkpoint, if any)."""
-        from verl.trainer.ppo import checkpointing
-
         path = checkpointing.resume_checkpoint(self.config.trainer)
         if path is None:
             return
@@ -283,7 +273,6 @@ class FSDPSFTTrainer:
         if self.rank == 0:
             print(f"[verl] resumed from {os.path.abspath(path)} at step {self.global_step}", flush=True)
 
-    # ---------------------------------------------------------------------------------------- loop
     def fit(self) -> dict:
         """Train to ``total_steps``; returns the last step's metrics."""
         from verl.utils.tracking import Tracking
@@ -318,7 +307,6 @@ class FSDPSFTTrainer:
         return metrics
 
 
-# ------------------------------------------------------------------------------------------------ entry point
 def run_sft(config: DictConfig) -> dict:
     """Build the tokenizer, datasets and trainer of a validated config and train; the process group is up."""
     from verl.data.sft_dataset import SFTDataset

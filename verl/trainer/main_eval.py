@@ -38,14 +38,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _score_fn(config):
-    from verl.rewards.loading import get_custom_reward_fn
-    from verl.rewards.scorers import default_compute_score
-
-    custom = get_custom_reward_fn(config)
-    return custom or default_compute_score
-
-
 def _rows(config) -> list[tuple[str, list[str], object, dict]]:
     """(data_source, responses, ground_truth, extra_info) of every row, checked up front."""
     import pandas as pd
@@ -80,7 +72,10 @@ def _rows(config) -> list[tuple[str, list[str], object, dict]]:
 
 
 def evaluate(config) -> dict[str, float]:
-    score = _score_fn(config)
+    from verl.rewards.loading import get_custom_reward_fn
+    from verl.rewards.scorers import default_compute_score
+
+    score = get_custom_reward_fn(config) or default_compute_score
     threshold = float(config.metrics.pass_threshold)
     by_source: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (mean score, n, passed)
     ks = {}
@@ -110,11 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = compose_config(sys.argv[1:] if argv is None else argv, default_config_name=EVALUATION_CONFIG)
         metrics = evaluate(config)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 1
-    except (ValueError, AttributeError, FileNotFoundError) as err:
-        print(f"main_eval stopped: {err}", file=sys.stderr)
+    except (ValueError, AttributeError, FileNotFoundError) as err:  # a ConfigError is printed as it is
+        print(err if isinstance(err, ConfigError) else f"main_eval stopped: {err}", file=sys.stderr)
         return 1
     for key, value in metrics.items():
         print(f"{key}: {value:.4f}")

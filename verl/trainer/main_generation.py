@@ -142,11 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = compose_config(sys.argv[1:] if argv is None else argv, default_config_name=GENERATION_CONFIG)
         output = generate(config)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 1
-    except (FileNotFoundError, ValueError, WorkerError) as err:
-        print(f"main_generation stopped: {err}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, WorkerError) as err:  # a ConfigError is printed as it is
+        print(err if isinstance(err, ConfigError) else f"main_generation stopped: {err}", file=sys.stderr)
         return 1
     print(f"[main_generation] wrote {output} ({config.data.n_samples} responses per prompt)")
     return 0

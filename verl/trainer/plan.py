@@ -194,50 +194,43 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     mini_rows = policy.actor.ppo_mini_batch_size * n // n_gpus
     plan = Plan(device_bytes=device_bytes)
     on_cuda = trainer.device == "cuda"
+    resident: dict[str, int] = {}  # per role, what stays on the device between phases
 
-    def trained(shape: ModelShape, section: str, model_section: str, model_config, role, fsdp, logits: bool,
-                tokens: int, why: str):
+    def trained(role: str, shape: ModelShape, section: str, model_section: str, model_config, role_config, fsdp,
+                batching: Batching, per_rank_rows: int) -> None:
+        tokens, why = _micro_tokens(batching, section, "ppo_max_token_len_per_gpu", "ppo_micro_batch_size", max_len,
+                                    per_rank_rows)
         offloaded = "; optimizer offloaded to CPU" if fsdp.optimizer_offload else ""
         plan.notes.append(f"{section} micro-batch: {why}{offloaded}")
-        adapter = _lora_params(model_config, model_section, value_head=not logits)
+        adapter = _lora_params(model_config, model_section, value_head=role == "critic")
         if adapter is not None:
             plan.notes.append(f"{model_section}: LoRA, {adapter:,} trainable parameters")
-        return training_components(
+        parts = plan.components[role] = training_components(
             shape, tokens, checkpointing=model_config.enable_gradient_checkpointing is not False,
-            compiled=role.use_torch_compile and on_cuda, logits=logits, n_gpus=n_gpus,
+            compiled=role_config.use_torch_compile and on_cuda, logits=role == "actor", n_gpus=n_gpus,
             master_bytes=_DTYPE_BYTES.get(str(fsdp.model_dtype), 4), optimizer_on_gpu=not fsdp.optimizer_offload,
             trainable=adapter)
+        resident[role] = sum(v for k, v in parts.items() if k.startswith(("weights", "optimizer")))
 
-    tokens, why = _micro_tokens(policy_phase(policy, "update", n_gpus), f"{ar}.actor", "ppo_max_token_len_per_gpu",
-                                "ppo_micro_batch_size", max_len, mini_rows)
-    plan.components["actor"] = trained(actor, f"{ar}.actor", f"{ar}.model", model, policy.actor,
-                                       policy.actor.fsdp_config, True, tokens, why)
-    resident = {"actor": sum(v for k, v in plan.components["actor"].items()
-                             if k.startswith(("weights", "optimizer")))}
-
+    trained("actor", actor, f"{ar}.actor", f"{ar}.model", model, policy.actor, policy.actor.fsdp_config,
+            policy_phase(policy, "update", n_gpus), mini_rows)
     if spec.use_reference_policy:
         lp_tokens, _ = _micro_tokens(policy_phase(policy, "ref_log_prob", n_gpus), f"{ar}.ref",
                                      "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size", max_len, rows)
         # With LoRA the reference is the actor with its adapter off: no weights of its own.
         offload = policy.ref.fsdp_config.param_offload or _uses_lora(model)
-        plan.components["reference"] = {
-            "weights (bf16, sharded)": 0 if offload else COMPUTE_BYTES * actor.params // n_gpus,
-            f"forward ({lp_tokens} tokens)": actor.forward_bytes(lp_tokens)
-            + min(LOGPROB_CHUNK, lp_tokens) * actor.vocab * COMPUTE_BYTES + actor.unsharded_bytes,
-        }
-        resident["reference"] = plan.components["reference"]["weights (bf16, sharded)"]
-
+        ref_forward = (actor.forward_bytes(lp_tokens) + min(LOGPROB_CHUNK, lp_tokens) * actor.vocab * COMPUTE_BYTES
+                       + actor.unsharded_bytes)
+        resident["reference"] = 0 if offload else COMPUTE_BYTES * actor.params // n_gpus
+        plan.components["reference"] = {"weights (bf16, sharded)": resident["reference"],
+                                        f"forward ({lp_tokens} tokens)": ref_forward}
     if spec.use_critic:
         critic = spec.critic
         if "critic" not in shapes:
             shapes["critic"] = model_shape(critic.model.path, config_key="critic.model.path", value_head=True,
                                            trust_remote_code=critic.model.trust_remote_code)
-        c_tokens, c_why = _micro_tokens(spec.critic_batching.update, "critic", "ppo_max_token_len_per_gpu",
-                                        "ppo_micro_batch_size", max_len, spec.critic_batching.mini_batch_size)
-        plan.components["critic"] = trained(shapes["critic"], "critic", "critic.model", critic.model, critic,
-                                            critic.model.fsdp_config, False, c_tokens, c_why)
-        resident["critic"] = sum(v for k, v in plan.components["critic"].items()
-                                 if k.startswith(("weights", "optimizer")))
+        trained("critic", shapes["critic"], "critic", "critic.model", critic.model, critic, critic.model.fsdp_config,
+                spec.critic_batching.update, spec.critic_batching.mini_batch_size)
 
     # Generation: the actor's full bf16 weights (gathered), the KV cache and the sampler's logits.
     slots = max(1, min(rows, policy.rollout.max_num_seqs))
@@ -257,20 +250,17 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
     base = sum(resident.values())
     plan.phases["generation"] = base + sum(rollout.values())
     if spec.use_reference_policy:
-        plan.phases["reference log-probs"] = base + plan.components["reference"][next(
-            k for k in plan.components["reference"] if k.startswith("forward"))]
+        plan.phases["reference log-probs"] = base + ref_forward
     for role in ("actor", "critic"):
         if role in plan.components:
             plan.phases[f"{role} update"] = base - resident[role] + sum(plan.components[role].values())
 
     if plan.fits is False:
-        for role, model_section, model_config, fsdp in (
-                ("actor", f"{ar}.model", model, policy.actor.fsdp_config),
-                ("critic", "critic.model", spec.critic.model, spec.critic.model.fsdp_config)):
-            if role in plan.components and f"{role} update" in plan.phases and \
-                    plan.phases[f"{role} update"] > device_bytes:
-                section = f"{ar}.actor" if role == "actor" else "critic"
-                fsdp_key = f"{ar}.actor.fsdp_config" if role == "actor" else "critic.model.fsdp_config"
+        for role, section, model_section, model_config, fsdp_key, fsdp in (
+                ("actor", f"{ar}.actor", f"{ar}.model", model, f"{ar}.actor.fsdp_config", policy.actor.fsdp_config),
+                ("critic", "critic", "critic.model", spec.critic.model, "critic.model.fsdp_config",
+                 spec.critic.model.fsdp_config)):
+            if plan.phases.get(f"{role} update", device_bytes) > device_bytes:
                 if model_config.enable_gradient_checkpointing is False:
                     plan.advice.append(f"{model_section}.enable_gradient_checkpointing=true")
                 plan.advice.append(f"a smaller {section}.ppo_max_token_len_per_gpu (or micro batch)")

@@ -22,10 +22,6 @@ from verl.trainer.config import ConfigError
 ACTOR_MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path")
 
 
-def _local(path: str) -> bool:
-    return "://" not in path  # hdfs://, s3://, ... are read by their own clients
-
-
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """Whether a TCP connection to the hub's endpoint opens within ``timeout`` seconds (name lookup
     included: it runs in a thread that is abandoned when it takes longer)."""
@@ -101,12 +97,11 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
     errors = []
     get = functools.partial(OmegaConf.select, config, default=None)
     for key in ("train_files", "val_files"):
-        files = get(f"data.{key}")
-        if not files:
-            continue
+        files = get(f"data.{key}") or []
         for path in [files] if isinstance(files, str) else list(files):
             path = str(path)
-            if _local(path) and not os.path.exists(os.path.expanduser(path)):
+            # hdfs://, s3://, ... are read by their own clients
+            if "://" not in path and not os.path.exists(os.path.expanduser(path)):
                 errors.append(f"data.{key}: {path!r} does not exist. Give the parquet file(s) the preprocessing "
                               "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)")
     joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(get("ray_kwargs.ray_init.address"))

@@ -37,31 +37,12 @@ logger = get_logger(__name__)
 
 # Peak dense bf16 tensor-core TFLOPS (no sparsity), matched as a whole word in the device name.
 # Longer names come first so that e.g. "GH200" is not read as "H200".
+# V100 and T4 have no bf16: their fp16 peak.
 DEVICE_PEAK_TFLOPS: dict[str, float] = {
-    "GB200": 2500.0,
-    "B200": 2250.0,
-    "B100": 1750.0,
-    "GH200": 989.0,
-    "H200": 989.0,
-    "H100": 989.0,
-    "H800": 989.0,
-    "H20": 148.0,
-    "A100": 312.0,
-    "A800": 312.0,
-    "A40": 149.7,
-    "A30": 165.0,
-    "A10G": 70.0,
-    "A10": 125.0,
-    "L40S": 362.0,
-    "L40": 181.0,
-    "L20": 119.5,
-    "L4": 121.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-    "V100": 125.0,  # fp16: V100 has no bf16
-    "T4": 65.0,  # fp16
-    "MI300X": 1307.0,
-    "MI325X": 1307.0,
+    "GB200": 2500.0, "B200": 2250.0, "B100": 1750.0, "GH200": 989.0, "H200": 989.0, "H100": 989.0, "H800": 989.0,
+    "H20": 148.0, "A100": 312.0, "A800": 312.0, "A40": 149.7, "A30": 165.0, "A10G": 70.0, "A10": 125.0,
+    "L40S": 362.0, "L40": 181.0, "L20": 119.5, "L4": 121.0, "RTX 4090": 165.0, "RTX 3090": 71.0,
+    "V100": 125.0, "T4": 65.0, "MI300X": 1307.0, "MI325X": 1307.0,
 }
 
 _warned_model_types: set[str] = set()
@@ -112,12 +93,8 @@ def _dense_decoder_flops(config: Any, batch_seqlens: Sequence[int]) -> float:
     return 6.0 * n_dense * tokens + 6.0 * seqlen_sq * head_dim * heads * layers
 
 
-FLOPS_ESTIMATORS: dict[str, Callable[[Any, Sequence[int]], float]] = {
-    "qwen2": _dense_decoder_flops,
-    "qwen3": _dense_decoder_flops,
-    "llama": _dense_decoder_flops,
-    "mistral": _dense_decoder_flops,
-}
+FLOPS_ESTIMATORS: dict[str, Callable[[Any, Sequence[int]], float]] = dict.fromkeys(
+    ("qwen2", "qwen3", "llama", "mistral"), _dense_decoder_flops)
 
 
 class FlopsCounter:

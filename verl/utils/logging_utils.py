@@ -20,16 +20,8 @@ DEFAULT_LEVEL = logging.WARNING
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
-_LEVEL_NAMES = {
-    "CRITICAL": logging.CRITICAL,
-    "FATAL": logging.CRITICAL,
-    "ERROR": logging.ERROR,
-    "WARNING": logging.WARNING,
-    "WARN": logging.WARNING,
-    "INFO": logging.INFO,
-    "DEBUG": logging.DEBUG,
-    "NOTSET": logging.NOTSET,
-}
+_LEVEL_NAMES = {name: getattr(logging, name) for name in
+                ("CRITICAL", "FATAL", "ERROR", "WARNING", "WARN", "INFO", "DEBUG", "NOTSET")}
 
 # Marks the handler we attach, so configuring twice (or re-importing) never adds a second one.
 _HANDLER_FLAG = "_verl_handler"
@@ -69,10 +61,8 @@ def configure_logging(level: str | int | None = None) -> logging.Logger:
     parsed = parse_level(raw)
     root.setLevel(DEFAULT_LEVEL if parsed is None else parsed)
     if raw is not None and parsed is None:
-        root.warning(
-            "%s=%r is not a logging level; using %s. Accepted: a name (%s) or a number.",
-            source, raw, logging.getLevelName(DEFAULT_LEVEL), ", ".join(sorted(_LEVEL_NAMES)),
-        )
+        root.warning("%s=%r is not a logging level; using %s. Accepted: a name (%s) or a number.",
+                     source, raw, logging.getLevelName(DEFAULT_LEVEL), ", ".join(sorted(_LEVEL_NAMES)))
     return root
 
 

@@ -61,10 +61,7 @@ class MetricsFileError(ValueError):
     """A metrics path that holds no usable metric records, or a line that is not one."""
 
 
-# ---------------------------------------------------------------------------------------------------
-# Loading
-
-
+# ------------------------------------------------------------------------------------------------ loading
 def _is_step_record(obj: Any) -> bool:
     return (isinstance(obj, dict) and isinstance(obj.get("step"), int) and not isinstance(obj["step"], bool)
             and isinstance(obj.get("data"), dict))
@@ -155,10 +152,7 @@ def load_metrics(path: str | os.PathLike) -> Metrics:
     return merge_records(records)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Panels
-
-
+# ------------------------------------------------------------------------------------------------- panels
 class _Table:
     """Per-metric series of the run: only the steps where the metric was logged, non-finite as NaN."""
 
@@ -401,22 +395,13 @@ def plot_metrics(records_or_path: Any, out_dir: str | os.PathLike, title: str | 
     figures = [(OVERVIEW_NAME, overview_figure(metrics, title))]
     table = _Table(metrics)
     figures += [(panel.name, _panel_figure(panel, table, title)) for panel in panels]
-    paths = []
-    for name, fig in figures:
-        path = os.path.join(out_dir, f"{name}.png")
+    paths = [os.path.join(out_dir, f"{name}.png") for name, _ in figures]
+    for path, (_, fig) in zip(paths, figures):
         fig.savefig(path, dpi=DPI)
-        paths.append(path)
     return paths
 
 
-# ---------------------------------------------------------------------------------------------------
-# Command line
-
-
-def _default_out_dir(path: Path) -> Path:
-    return path / "plots" if path.is_dir() else path.with_name(f"{path.stem}_plots")
-
-
+# ------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m verl.utils.plot",
@@ -438,8 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         if skipped:
             print("[verl] plot: skipped panels without data: "
                   + "; ".join(f"{name} (no {wanted})" for name, wanted in skipped.items()))
-        paths = plot_metrics(metrics, args.out or _default_out_dir(path),
-                             title=args.title or (path.resolve().name if path.is_dir() else path.stem))
+        out = args.out or (path / "plots" if path.is_dir() else path.with_name(f"{path.stem}_plots"))
+        paths = plot_metrics(metrics, out, title=args.title or (path.resolve().name if path.is_dir() else path.stem))
     except (OSError, MetricsFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -36,10 +36,8 @@ def balance_batch_partitions(seqlens: Sequence[int], k: int) -> list[list[int]]:
     if k < 1:
         raise ValueError(f"balance_batch_partitions: k must be >= 1, got {k}")
     if n % k != 0:
-        raise ValueError(
-            f"balance_batch_partitions: {n} sequences cannot be split into {k} equal-count groups; "
-            f"the batch size must be a multiple of the number of data-parallel ranks ({k})"
-        )
+        raise ValueError(f"balance_batch_partitions: {n} sequences cannot be split into {k} equal-count groups; "
+                         f"the batch size must be a multiple of the number of data-parallel ranks ({k})")
     return karmarkar_karp(seqlens, k, equal_size=True)
 
 
@@ -219,11 +217,8 @@ def map_micro_batches(data: DataProto, micro_batch_size: int | None, max_token_l
     outputs = [fn(data[rows]) for rows in parts]
     if not outputs:
         raise ValueError("map_micro_batches: the batch has no rows")
-    inverse = None
-    if max_token_len is not None:
-        order = torch.tensor([i for rows in parts for i in rows])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order))
+    # With token budgets the micro-batches hold rows out of order: the inverse permutation puts them back.
+    inverse = None if max_token_len is None else torch.argsort(torch.tensor([i for rows in parts for i in rows]))
 
     def join(tensors):
         joined = torch.cat(tensors)

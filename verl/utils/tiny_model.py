@@ -49,21 +49,11 @@ def build_tiny_tokenizer(save_dir: str, corpus: list[str] | None = None, vocab_s
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus or _DEFAULT_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        padding_side="left",
-        chat_template=CHATML_TEMPLATE,
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", padding_side="left", chat_template=CHATML_TEMPLATE)
     os.makedirs(save_dir, exist_ok=True)
     fast.save_pretrained(save_dir)
     return save_dir
@@ -86,22 +76,16 @@ def build_tiny_causal_lm(save_dir: str, tokenizer_dir: str | None = None, arch: 
         if tokenizer is None:
             raise ValueError("build_tiny_causal_lm needs vocab_size or tokenizer_dir")
         vocab_size = len(tokenizer)
-    common = dict(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id if tokenizer is not None else None,
-        pad_token_id=tokenizer.pad_token_id if tokenizer is not None else None,
-    )
-    if arch == "qwen2":
-        config = Qwen2Config(tie_word_embeddings=True if tie_word_embeddings is None else tie_word_embeddings,
-                             **common)
-    elif arch == "llama":
-        config = LlamaConfig(tie_word_embeddings=False if tie_word_embeddings is None else tie_word_embeddings,
-                             **common)
-    else:
+    config_classes = {"qwen2": (Qwen2Config, True), "llama": (LlamaConfig, False)}  # class, tied by default
+    if arch not in config_classes:
         raise ValueError(f"build_tiny_causal_lm supports arch 'qwen2' or 'llama', got {arch!r}")
+    config_cls, tied = config_classes[arch]
+    config = config_cls(
+        tie_word_embeddings=tied if tie_word_embeddings is None else tie_word_embeddings, vocab_size=vocab_size,
+        hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, max_position_embeddings=2048,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id if tokenizer is not None else None,
+        pad_token_id=tokenizer.pad_token_id if tokenizer is not None else None)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     os.makedirs(save_dir, exist_ok=True)

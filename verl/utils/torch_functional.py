@@ -34,10 +34,8 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     if n == 0:
         raise ValueError("masked_var: the mask selects no element, so the variance is undefined.")
     if unbiased and n == 1:
-        raise ValueError(
-            "masked_var: the mask selects a single element; the unbiased variance needs at least two "
-            "(pass unbiased=False to get 0)."
-        )
+        raise ValueError("masked_var: the mask selects a single element; the unbiased variance needs at least two "
+                         "(pass unbiased=False to get 0).")
     mean = masked_mean(values, mask)
     sq_dev = masked_sum((values - mean) ** 2, mask)
     return sq_dev / (n - 1) if unbiased else sq_dev / n

@@ -43,22 +43,9 @@ BACKEND_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
 
 # Console keys shown first, in this order; an entry ending in "/" matches every key it prefixes.
 CONSOLE_KEY_PRIORITY = (
-    "training/epoch",
-    "val-core/",
-    "critic/score/mean",
-    "critic/rewards/mean",
-    "actor/pg_loss",
-    "actor/entropy",
-    "actor/ppo_kl",
-    "actor/kl_loss",
-    "actor/pg_clipfrac",
-    "actor/grad_norm",
-    "critic/vf_loss",
-    "critic/vf_explained_var",
-    "response_length/mean",
-    "perf/throughput",
-    "perf/mfu/actor",
-    "timing_s/step",
+    "training/epoch", "val-core/", "critic/score/mean", "critic/rewards/mean", "actor/pg_loss", "actor/entropy",
+    "actor/ppo_kl", "actor/kl_loss", "actor/pg_clipfrac", "actor/grad_norm", "critic/vf_loss",
+    "critic/vf_explained_var", "response_length/mean", "perf/throughput", "perf/mfu/actor", "timing_s/step",
 )
 
 
@@ -270,12 +257,7 @@ class MlflowLogger:
 
 
 def _backend_names(default_backend: str | Iterable[str] | None) -> list[str]:
-    if default_backend is None:
-        names: list[str] = []
-    elif isinstance(default_backend, str):
-        names = [default_backend]
-    else:
-        names = [str(b) for b in default_backend]
+    names = [default_backend] if isinstance(default_backend, str) else [str(b) for b in default_backend or ()]
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:
         raise ValueError(f"trainer.logger: unknown backend(s) {unknown}; valid backends are {list(BACKENDS)}")

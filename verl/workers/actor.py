@@ -33,12 +33,10 @@ def check_finite(data: DataProto, key: str, stage: str) -> None:
     bad = ~torch.isfinite(data.batch[key].float()).reshape(len(data), -1).all(dim=-1)
     if bad.any():
         rows = bad.nonzero().flatten().tolist()
-        raise ValueError(
-            f"{stage}: batch['{key}'] holds NaN or inf in {len(rows)} of {len(data)} rows on this rank "
-            f"(first rows: {rows[:8]}). The step's data is broken before the update: check the rewards "
-            "(a reward function returning NaN/inf?), the values and the advantage estimator's inputs "
-            "(e.g. a GRPO group of one sample with norm_adv_by_std_in_grpo)."
-        )
+        raise ValueError(f"{stage}: batch['{key}'] holds NaN or inf in {len(rows)} of {len(data)} rows on this rank "
+                         f"(first rows: {rows[:8]}). The step's data is broken before the update: check the rewards "
+                         "(a reward function returning NaN/inf?), the values and the advantage estimator's inputs "
+                         "(e.g. a GRPO group of one sample with norm_adv_by_std_in_grpo).")
 
 
 # Losses reported once per update, as the original reports them: the sum over every epoch and mini-batch
@@ -109,9 +107,8 @@ class DataParallelPPOActor:
         logprob_kernel: ``auto`` | ``torch`` | ``triton``, see :func:`verl.models.logprob.resolve_kernel`.
     """
 
-    def __init__(self, config, engine, *, mini_batch_size: int | None = None,
-                 micro_batch_size: int | None = None, max_token_len: int | None = None, remove_padding: bool = False,
-                 logprob_kernel: str = "auto"):
+    def __init__(self, config, engine, *, mini_batch_size: int | None = None, micro_batch_size: int | None = None,
+                 max_token_len: int | None = None, remove_padding: bool = False, logprob_kernel: str = "auto"):
         self.config = config if isinstance(config, RefConfig) else ActorConfig.from_config(config)
         self.engine = engine
         self.mini_batch_size = mini_batch_size
@@ -120,7 +117,6 @@ class DataParallelPPOActor:
         self.remove_padding = remove_padding
         self.logprob_kernel = logprob_kernel
 
-    # ------------------------------------------------------------------------------------ forward only
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, *, temperature: float, micro_batch_size: int | None,
                          max_token_len: int | None = None, calculate_entropy: bool = True):
@@ -134,7 +130,6 @@ class DataParallelPPOActor:
             response_length, temperature=temperature, compute_entropy=calculate_entropy,
             remove_padding=self.remove_padding, kernel=self.logprob_kernel))
 
-    # ------------------------------------------------------------------------------------ update
     def update_policy(self, data: DataProto, *, temperature: float) -> tuple[dict[str, list[float]], DataProto | None]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
 
@@ -165,10 +160,9 @@ class DataParallelPPOActor:
                            "ref_log_prob comes from compute_ref_log_prob, needed with actor.use_kl_loss=true")
         epochs = int(config.ppo_epochs)
         if fuse_old and (epochs != 1 or len(data) != self.mini_batch_size):
-            raise ValueError(
-                f"update_actor got no old_log_probs, which is only allowed for an on-policy update (ppo_epochs=1 and "
-                f"one mini-batch of all {len(data)} rows), but ppo_epochs={epochs} and the mini-batch holds "
-                f"{self.mini_batch_size} rows: call compute_log_prob first")
+            raise ValueError("update_actor got no old_log_probs, which is only allowed for an on-policy update "
+                             f"(ppo_epochs=1 and one mini-batch of all {len(data)} rows), but ppo_epochs={epochs} "
+                             f"and the mini-batch holds {self.mini_batch_size} rows: call compute_log_prob first")
         check_finite(data, "advantages", "update_actor")
         data = data.select(batch_keys=required, non_tensor_batch_keys=[])
         recorded = None

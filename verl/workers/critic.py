@@ -62,8 +62,7 @@ class DataParallelPPOCritic:
         ``critic/lr``; once per update ``critic/vf_loss``, the sum over epochs and mini-batches of the
         mini-batch's loss (as the original reports it). The LR scheduler is stepped by the worker."""
         config = self.config
-        required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
-                    "returns"]
+        required = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns"]
         present = set(data.batch.keys()) if data.batch is not None else set()
         missing = [k for k in required if k not in present]
         if missing:
@@ -71,7 +70,6 @@ class DataParallelPPOCritic:
                            "from compute_values, returns from the advantage estimator (GAE)")
         check_finite(data, "returns", "update_critic")
         check_finite(data, "values", "update_critic")
-        mini = self.mini_batch_size
         cliprange, agg_mode = float(config.cliprange_value), config.loss_agg_mode
 
         def loss_fn(module, micro: DataProto):
@@ -86,4 +84,4 @@ class DataParallelPPOCritic:
             return vf_loss * micro.meta_info["loss_scale"], metrics
 
         return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
-                                "critic", mini, self.micro_batch_size, self.max_token_len, loss_fn)
+                                "critic", self.mini_batch_size, self.micro_batch_size, self.max_token_len, loss_fn)

@@ -45,7 +45,6 @@ __all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
 _GIB = 1024**3
 
 
-# ------------------------------------------------------------------------------------------------ helpers
 def _checkpointing(model_config: ModelConfig) -> bool:
     """``enable_gradient_checkpointing``; null means "not chosen yet": the driver resolves it from the
     memory estimate before the workers start, so only a worker built outside the trainer sees it, and
@@ -54,19 +53,11 @@ def _checkpointing(model_config: ModelConfig) -> bool:
     return True if value is None else bool(value)
 
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _memory_metrics(device: torch.device) -> dict[str, float]:
     cuda = device.type == "cuda"
-    return {
-        "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / _GIB if cuda else 0.0,
-        "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / _GIB if cuda else 0.0,
-        "perf/cpu_memory_used_gb": memory_usage().get("cpu_rss_gb", 0.0),
-    }
+    return {"perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / _GIB if cuda else 0.0,
+            "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / _GIB if cuda else 0.0,
+            "perf/cpu_memory_used_gb": memory_usage().get("cpu_rss_gb", 0.0)}
 
 
 def _temperature(data: DataProto, default: float) -> float:
@@ -76,7 +67,6 @@ def _temperature(data: DataProto, default: float) -> float:
     return value if value > 0 else 1.0
 
 
-# ------------------------------------------------------------------------------------------------ policy
 class _RoleWorker(Worker):
     """What the three roles share: the collective timeout (``actor_rollout_ref.nccl_timeout``; colocated
     roles share one process group, and the first role of a process to join sets it)."""
@@ -86,8 +76,6 @@ class _RoleWorker(Worker):
         self.nccl_timeout_s = float(ActorRolloutRefConfig.nccl_timeout if nccl_timeout_s is None else nccl_timeout_s)
 
     def _start_init(self, model_config: ModelConfig) -> str:
-        """The start of every ``init_model``: join the process group, import ``model.external_lib``;
-        returns ``model.path``."""
         self.init_process_group(timeout_s=self.nccl_timeout_s)
         if model_config.external_lib:
             importlib.import_module(model_config.external_lib)  # registers custom architectures with transformers
@@ -128,7 +116,9 @@ class ActorRolloutRefWorker(_RoleWorker):
         config, model_config, actor = self.config, self.config.model, self.config.actor
         path = self._start_init(model_config)
         # Sampling draws from the process RNG: seed it per rank so a run is reproducible, on either backend.
-        _seed_everything(config.rollout.seed + self.rank)
+        random.seed(config.rollout.seed + self.rank)
+        np.random.seed(config.rollout.seed + self.rank)
+        torch.manual_seed(config.rollout.seed + self.rank)
         self.tokenizer = load_tokenizer(model_config.tokenizer_path or path, config_key="actor_rollout_ref.model.path",
                                         trust_remote_code=model_config.trust_remote_code,
                                         chat_template=model_config.custom_chat_template)
@@ -145,9 +135,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                 apply_lora(model, self.lora)
             self.actor_engine = FSDPEngine(
                 model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
-                grad_clip=actor.grad_clip, device=self.device,
+                grad_clip=actor.grad_clip, device=self.device, compile_layers=actor.use_torch_compile,
                 enable_gradient_checkpointing=self._is_actor and _checkpointing(model_config),
-                compile_layers=actor.use_torch_compile,
                 lora_config=lora_config_dict(model, path) if self.lora is not None else None)
         if self._is_actor:
             self.actor = DataParallelPPOActor(
@@ -156,8 +145,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                 mini_batch_size=batching.mini_batch_size)
             self._log_prob_batching = batching.log_prob
         if self._is_rollout:
-            self.rollout = get_rollout_class(config.rollout.name)(config.rollout, self.actor_engine.module,
-                                                                  self.tokenizer)
+            rollout_class = get_rollout_class(config.rollout.name)
+            self.rollout = rollout_class(config.rollout, self.actor_engine.module, self.tokenizer)
             multi_turn = config.rollout.multi_turn
             if multi_turn.enable:
                 tools, interactions = multi_turn.tool_config_path, multi_turn.interaction_config_path
@@ -257,7 +246,6 @@ class ActorRolloutRefWorker(_RoleWorker):
             self.actor_engine.load_checkpoint(local_path, load_contents=contents)
 
 
-# ------------------------------------------------------------------------------------------------ critic
 class CriticWorker(_RoleWorker):
     """The value model on one device. ``config`` is the ``critic`` section; ``rollout_n`` the samples per
     prompt (default ``critic.rollout_n``), which turns ``ppo_mini_batch_size`` (prompts) into rows."""
@@ -281,15 +269,13 @@ class CriticWorker(_RoleWorker):
         if lora is not None:
             apply_lora(model, lora, value_head=True)
         self.engine = FSDPEngine(
-            model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config.grad_clip,
+            model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config.grad_clip, device=self.device,
             lora_config=lora_config_dict(model, path, value_head=True) if lora is not None else None,
-            enable_gradient_checkpointing=_checkpointing(model_config), device=self.device,
-            compile_layers=config.use_torch_compile)
+            enable_gradient_checkpointing=_checkpointing(model_config), compile_layers=config.use_torch_compile)
         batching = critic_batching(config, self.world_size)
         self.critic = DataParallelPPOCritic(
-            config, self.engine, mini_batch_size=batching.mini_batch_size,
-            micro_batch_size=batching.update.micro_batch_size, max_token_len=batching.update.max_token_len,
-            remove_padding=remove_padding)
+            config, self.engine, mini_batch_size=batching.mini_batch_size, remove_padding=remove_padding,
+            micro_batch_size=batching.update.micro_batch_size, max_token_len=batching.update.max_token_len)
         self._forward_batching = batching.forward
 
     def _check_ready(self, method: str) -> None:
@@ -332,7 +318,6 @@ class CriticWorker(_RoleWorker):
             self.engine.load_checkpoint(local_path, load_contents=contents)
 
 
-# ------------------------------------------------------------------------------------------------ reward model
 class RewardModelWorker(_RoleWorker):
     """A frozen sequence-classifier reward model on one device; ``config`` is the ``reward_model`` section.
 
@@ -374,6 +359,5 @@ class RewardModelWorker(_RoleWorker):
         with self.engine.on_device():
             scores = compute_rm_scores(self.engine.module, data, micro_batch_size=micro, max_token_len=budget,
                                        src_tokenizer=self.input_tokenizer, rm_tokenizer=self.rm_tokenizer,
-                                       max_length=self.config.max_length,
-                                       remove_padding=self.remove_padding)
+                                       max_length=self.config.max_length, remove_padding=self.remove_padding)
         return DataProto(batch={"rm_scores": scores.cpu()})

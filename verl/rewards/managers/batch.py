@@ -28,13 +28,10 @@ class BatchRewardManager(NaiveRewardManager):
 
     def score(self, samples: list[ScoringInput]) -> list[tuple[float, dict]]:
         try:
-            results = self.compute_score(
-                data_sources=[s.data_source for s in samples],
-                solution_strs=[s.response for s in samples],
-                ground_truths=[s.ground_truth for s in samples],
-                extra_infos=[s.extra_info for s in samples],
-                **self.score_kwargs,
-            )
+            results = self.compute_score(data_sources=[s.data_source for s in samples],
+                                         solution_strs=[s.response for s in samples],
+                                         ground_truths=[s.ground_truth for s in samples],
+                                         extra_infos=[s.extra_info for s in samples], **self.score_kwargs)
         except Exception as exc:
             sources = sorted({str(s.data_source) for s in samples})
             raise RuntimeError(f"the batch compute_score raised {type(exc).__name__}: {exc} "

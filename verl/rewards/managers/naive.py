@@ -71,14 +71,12 @@ def decode_samples(data, tokenizer, reward_fn_key: str = "data_source") -> list[
             raise ValueError(f"sample {i} of the batch (dataset row index {index}) has reward_model.ground_truth "
                              "None: a rule reward has nothing to compare with, and scoring it 0 would train on a "
                              "wrong signal. Fix or drop that row of the data file")
-        samples.append(ScoringInput(
-            prompt=tokenizer.decode(prompt_ids.tolist(), skip_special_tokens=True),
-            response=tokenizer.decode(response_ids.tolist(), skip_special_tokens=True),
-            valid_response_length=valid_response_len,
-            data_source=data.non_tensor_batch[reward_fn_key][i],
-            ground_truth=reward_model["ground_truth"],
-            extra_info=None if extra_infos is None else extra_infos[i],
-        ))
+        samples.append(ScoringInput(prompt=tokenizer.decode(prompt_ids.tolist(), skip_special_tokens=True),
+                                    response=tokenizer.decode(response_ids.tolist(), skip_special_tokens=True),
+                                    valid_response_length=valid_response_len,
+                                    data_source=data.non_tensor_batch[reward_fn_key][i],
+                                    ground_truth=reward_model["ground_truth"],
+                                    extra_info=None if extra_infos is None else extra_infos[i]))
     return samples
 
 
@@ -158,18 +156,13 @@ class NaiveRewardManager:
     def score_one(self, i: int, sample: ScoringInput) -> tuple[float, dict]:
         """``(reward, extra_info)`` of sample ``i``; a failing scoring function is reported with the sample."""
         try:
-            result = self.compute_score(
-                data_source=sample.data_source,
-                solution_str=sample.response,
-                ground_truth=sample.ground_truth,
-                extra_info=sample.extra_info,
-                **self.score_kwargs,
-            )
+            result = self.compute_score(data_source=sample.data_source, solution_str=sample.response,
+                                        ground_truth=sample.ground_truth, extra_info=sample.extra_info,
+                                        **self.score_kwargs)
         except Exception as exc:
-            raise RuntimeError(
-                f"compute_score raised {type(exc).__name__}: {exc} (data_source={sample.data_source!r}, "
-                f"sample {i} of the batch, ground_truth={sample.ground_truth!r}, response starts "
-                f"{sample.response[:200]!r})") from exc
+            raise RuntimeError(f"compute_score raised {type(exc).__name__}: {exc} (data_source={sample.data_source!r}, "
+                               f"sample {i} of the batch, ground_truth={sample.ground_truth!r}, response starts "
+                               f"{sample.response[:200]!r})") from exc
         return split_result(result, i, f"compute_score (data_source={sample.data_source!r})")
 
     @staticmethod

@@ -59,13 +59,6 @@ def check_micro_batch_pairs(run: Run) -> Iterator[Issue]:
             yield error(global_key, f"is set together with {gpu_key}; set only one. Keep {gpu_key}")
 
 
-def _micro_per_device(run: Run, section: str, name: str) -> int | None:
-    per_gpu, global_value = run.get(f"{section}.{name}_per_gpu"), run.get(f"{section}.{name}")
-    if not run.n_devices or not (_positive_int(per_gpu) or (per_gpu is None and _positive_int(global_value))):
-        return None
-    return micro_rows_per_device(per_gpu, global_value, run.n_devices)
-
-
 FILTER_GROUP_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
 
@@ -144,11 +137,13 @@ def _check_role_batches(run: Run, section: str, dynamic_key: str, train: int, n:
     if train % mini and not shared:
         yield error(mini_key, f"({mini}) must divide data.train_batch_size ({train}) so that every optimizer step "
                               f"sees a full mini batch. Set {mini_key} to a divisor of {train}")
-    micro = _micro_per_device(run, section, "ppo_micro_batch_size")
-    if _by_tokens(run, section, dynamic_key) or micro is None:
-        return
-    per_device = mini * n // dp
     micro_key = f"{section}.ppo_micro_batch_size_per_gpu"
+    per_gpu, global_micro = run.get(micro_key), run.get(f"{section}.ppo_micro_batch_size")
+    if (_by_tokens(run, section, dynamic_key) or not run.n_devices
+            or not (_positive_int(per_gpu) or (per_gpu is None and _positive_int(global_micro)))):
+        return
+    micro = micro_rows_per_device(per_gpu, global_micro, run.n_devices)
+    per_device = mini * n // dp
     arithmetic = f"{mini_key} {mini} x n {n} / {dp} ranks = {per_device}"
     if micro > per_device:
         yield error(micro_key, f"({micro}) is larger than the per-device mini batch ({arithmetic}). "

@@ -23,7 +23,7 @@ from verl.algorithms import (
     KL_PENALTY_TYPES, LOSS_AGG_MODES, get_adv_estimator_fn, get_policy_loss_fn, registered_adv_estimators,
     registered_policy_losses
 )
-from verl.base_config import BaseConfig
+from verl.base_config import BaseConfig, at
 from verl.rewards.managers import get_reward_manager_cls, registered_reward_managers
 from verl.trainer.config.compose import dotted_keys
 from verl.trainer.config.spec import RunSpec, need_critic, need_reference_policy
@@ -72,16 +72,11 @@ def warn(key: str, message: str) -> Issue:
     return Issue(key, message, warning=True)
 
 
-_MISSING = object()
-
-
-def _lookup(tree: Any, key: str) -> Any:
-    node = tree
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
+def _lookup(tree: Any, key: str, default: Any = None) -> Any:
+    try:
+        return at(tree, key)
+    except (KeyError, TypeError):  # a part missing, or a value where a group was expected
+        return default
 
 
 @dataclass
@@ -96,14 +91,10 @@ class Run:
     bad_keys: set[str] = field(default_factory=set)  # keys with a wrong type: other checks read them as unset
 
     def get(self, key: str, default: Any = None) -> Any:
-        if key in self.bad_keys:
-            return default
-        value = _lookup(self.cfg, key)
-        return default if value is _MISSING else value
+        return default if key in self.bad_keys else _lookup(self.cfg, key, default)
 
     def default(self, key: str) -> Any:
-        value = _lookup(self.defaults, key)
-        return None if value is _MISSING else value
+        return _lookup(self.defaults, key)
 
     def follows(self, key: str) -> bool:
         """Whether `key` is just another key's value (``${other.key}``) rather than set by itself."""
@@ -224,12 +215,11 @@ def _check_types_under(values: Mapping, defaults: Mapping, prefix: str, root: An
         if typed is None:
             continue
         declared, nullable = typed
+        words = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in declared)
         example = f", e.g. {key}={_format(default)}" if default is not None and not isinstance(default, Mapping) else ""
         if value is None and not nullable:
-            yield error(key, f"cannot be null: it needs {' or '.join(_TYPE_WORDS.get(t, t.__name__) for t in declared)}"
-                             f"{example}")
+            yield error(key, f"cannot be null: it needs {words}{example}")
         elif value is not None and _type_of(value) not in _accepted_types(declared, default):
-            words = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in declared)
             got = _TYPE_WORDS.get(_type_of(value), type(value).__name__)
             yield error(key, f"expected {words}, got {value!r} ({got}). Set a value of that type{example}")
 

@@ -104,9 +104,8 @@ def _split_config_flags(args: list[str], default_name: str) -> tuple[str, str, l
         ])
     config_dir = _find_config_dir(found["path"]) if "path" in found else CONFIG_DIR
     if not os.path.isfile(os.path.join(config_dir, f"{name}.yaml")):
-        raise ConfigError("Config file not found:", [
-            f"--config-name={name}: there is no {name}.yaml in {config_dir}. Check --config-path and --config-name"
-        ])
+        raise ConfigError("Config file not found:", [f"--config-name={name}: there is no {name}.yaml in "
+                                                     f"{config_dir}. Check --config-path and --config-name"])
     return config_dir, name, rest
 
 
@@ -142,10 +141,8 @@ def _parse_overrides(args: list[str]) -> list[Any]:
         try:
             parsed.append(parser.parse_override(arg))
         except HydraException as e:
-            problems.append(
-                f"{arg!r}: cannot parse this override ({str(e).splitlines()[0]}). Write key=value, +key=value "
-                "or ~key; quote values holding spaces or special characters, e.g. key='a b'"
-            )
+            problems.append(f"{arg!r}: cannot parse this override ({str(e).splitlines()[0]}). Write key=value, "
+                            "+key=value or ~key; quote values holding spaces or special characters, e.g. key='a b'")
     if problems:
         raise ConfigError("Malformed command-line override(s):", problems)
     return parsed

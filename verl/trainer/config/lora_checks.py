@@ -9,9 +9,7 @@ import re
 from collections.abc import Iterator
 
 from verl.trainer.config import checks
-from verl.trainer.config.checks import Issue, Run, error
-
-AR = "actor_rollout_ref"
+from verl.trainer.config.checks import AR, Issue, Run, error
 
 
 def check_lora(run: Run) -> Iterator[Issue]:

@@ -19,10 +19,17 @@ from typing import Any
 
 from verl.trainer.config.algorithm import AlgoConfig
 from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig, TrainerConfig
-from verl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RewardModelConfig
+from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 from verl.workers.config.batching import CriticBatching, PolicyBatching, critic_batching, policy_batching
 
 __all__ = ["RunSpec", "need_critic", "need_reference_policy", "pool_layout", "resolve_run"]
+
+# The typed top-level sections of ppo_trainer.yaml.
+SECTIONS: dict[str, type] = {
+    "data": DataConfig, "actor_rollout_ref": ActorRolloutRefConfig, "critic": CriticConfig,
+    "reward_model": RewardModelConfig, "custom_reward_function": CustomRewardFunctionConfig,
+    "algorithm": AlgoConfig, "trainer": TrainerConfig,
+}
 
 
 def need_critic(enable: bool | None, adv_estimator: str) -> bool:
@@ -108,15 +115,12 @@ class RunSpec:
     def with_checkpointing(self, sections: list[str], value: bool) -> RunSpec:
         """This spec with ``enable_gradient_checkpointing`` = ``value`` for the model ``sections``."""
         policy, critic = self.actor_rollout_ref, self.critic
+        checkpointed = functools.partial(dataclasses.replace, enable_gradient_checkpointing=value)
         if "actor_rollout_ref.model" in sections:
-            policy = dataclasses.replace(policy, model=_checkpointed(policy.model, value))
+            policy = dataclasses.replace(policy, model=checkpointed(policy.model))
         if "critic.model" in sections:
-            critic = dataclasses.replace(critic, model=_checkpointed(critic.model, value))
+            critic = dataclasses.replace(critic, model=checkpointed(critic.model))
         return dataclasses.replace(self, actor_rollout_ref=policy, critic=critic)
-
-
-def _checkpointed(model: ModelConfig, value: bool) -> ModelConfig:
-    return dataclasses.replace(model, enable_gradient_checkpointing=value)
 
 
 def prompts_per_round(data: DataConfig, algorithm: AlgoConfig) -> tuple[str, int]:
@@ -137,10 +141,7 @@ def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpoint
     estimate's choice (:func:`verl.trainer.plan.resolve_gradient_checkpointing`; ``device_bytes``: the GPU's
     size, default the one this process sees), reported through ``log``.
     """
-    section = {name: cls.from_config(config.get(name)) for name, cls in (
-        ("data", DataConfig), ("actor_rollout_ref", ActorRolloutRefConfig), ("critic", CriticConfig),
-        ("reward_model", RewardModelConfig), ("custom_reward_function", CustomRewardFunctionConfig),
-        ("algorithm", AlgoConfig), ("trainer", TrainerConfig))}
+    section = {name: cls.from_config(config.get(name)) for name, cls in SECTIONS.items()}
     policy, critic, trainer = section["actor_rollout_ref"], section["critic"], section["trainer"]
     critic = dataclasses.replace(critic, rollout_n=policy.rollout.n)  # the critic sees the actor's samples
     use_critic = need_critic(critic.enable, section["algorithm"].adv_estimator)

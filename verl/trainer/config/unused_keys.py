@@ -9,12 +9,9 @@ from verl.trainer.config.checks import ACTOR, AR, ROLLOUT, Issue, Run, _format, 
 from verl.trainer.config.compose import dotted_keys
 from verl.workers.rollout.registry import ignored_config_keys
 
-_DATA_PARALLEL_ONLY = "it is data-parallel only: every device holds a full copy of the model"
-_IGNORED_KEY_REASONS = {
-    "tensor_model_parallel_size": _DATA_PARALLEL_ONLY,
-    "pipeline_model_parallel_size": _DATA_PARALLEL_ONLY,
-    "expert_parallel_size": _DATA_PARALLEL_ONLY,
-}
+_IGNORED_KEY_REASONS = dict.fromkeys(("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                      "expert_parallel_size"),
+                                     "it is data-parallel only: every device holds a full copy of the model")
 
 
 def check_other_backend_keys(run: Run) -> Iterator[Issue]:
@@ -67,21 +64,18 @@ _NOT_IMPLEMENTED_WARNINGS = (
 
 def check_not_implemented(run: Run) -> Iterator[Issue]:
     """Keys whose feature is not implemented: never silently ignored."""
-    for key, feature in _NOT_IMPLEMENTED_ERRORS.items():
-        value = run.get(key)
-        if value != run.default(key) and not run.follows(key):
-            yield error(key, f"is set to {_format(value)}, but {feature} are not implemented in this verl. "
-                             f"Remove {key} from the command line")
-    for key in _NOT_IMPLEMENTED_WARNINGS:
-        value = run.get(key)
-        if value != run.default(key) and not run.follows(key):
-            yield warn(key, f"is set to {_format(value)}, but this verl does not implement it, so it has no "
-                            "effect. Remove it to silence this warning")
-    for key in ("reward_model.sandbox_fusion.url", "reward_model.sandbox_fusion.max_concurrent",
-                "reward_model.sandbox_fusion.memory_limit_mb"):
-        value = run.get(key)
-        if value != run.default(key) and not run.follows(key):
-            yield warn(key, f"is set to {_format(value)}, but code rewards (data sources codecontests, apps, "
-                            "codeforces, taco) run in the local sandbox (verl.sandbox.process: namespaces, no network, "
-                            "CPU/memory/process limits); no SandboxFusion service is called. Remove it to silence "
-                            "this warning")
+    def changed(keys):  # (key, value) of the keys set away from their default, not through ${...}
+        return [(key, run.get(key)) for key in keys if run.get(key) != run.default(key) and not run.follows(key)]
+
+    for key, value in changed(_NOT_IMPLEMENTED_ERRORS):
+        yield error(key, f"is set to {_format(value)}, but {_NOT_IMPLEMENTED_ERRORS[key]} are not implemented in "
+                         f"this verl. Remove {key} from the command line")
+    for key, value in changed(_NOT_IMPLEMENTED_WARNINGS):
+        yield warn(key, f"is set to {_format(value)}, but this verl does not implement it, so it has no "
+                        "effect. Remove it to silence this warning")
+    for key, value in changed(("reward_model.sandbox_fusion.url", "reward_model.sandbox_fusion.max_concurrent",
+                               "reward_model.sandbox_fusion.memory_limit_mb")):
+        yield warn(key, f"is set to {_format(value)}, but code rewards (data sources codecontests, apps, "
+                        "codeforces, taco) run in the local sandbox (verl.sandbox.process: namespaces, no network, "
+                        "CPU/memory/process limits); no SandboxFusion service is called. Remove it to silence "
+                        "this warning")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from numbers import Number
 from typing import Any
 
@@ -71,9 +71,6 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     """
     tensors = batch.batch
     prompt_mask, response_mask = _masks(batch)
-    response_length = response_mask.sum(-1).double()
-    prompt_length = prompt_mask.sum(-1).double()
-
     metrics: dict[str, float] = {}
     metrics.update(_mean_max_min("critic/score", masked_sum(tensors["token_level_scores"], response_mask, -1)))
     metrics.update(_mean_max_min("critic/rewards", masked_sum(tensors["token_level_rewards"], response_mask, -1)))
@@ -87,8 +84,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         metrics.update(_mean_max_min("critic/values", valid_values))
         metrics["critic/vf_explained_var"] = explained_variance(tensors["returns"][response_mask], valid_values)
 
-    for name, lengths, limit in (("response_length", response_length, response_mask.shape[-1]),
-                                 ("prompt_length", prompt_length, prompt_mask.shape[-1])):
+    for name, mask in (("response_length", response_mask), ("prompt_length", prompt_mask)):
+        lengths, limit = mask.sum(-1).double(), mask.shape[-1]
         metrics.update(_mean_max_min(name, lengths))
         metrics[f"{name}/clip_ratio"] = (lengths == limit).double().mean().item() if lengths.numel() else math.nan
     metrics.update(agent_loop_metrics(batch))
@@ -105,9 +102,8 @@ def agent_loop_metrics(batch: DataProto) -> dict[str, float]:
     if "__num_turns__" not in columns:
         return {}
     as_tensor = lambda key: torch.as_tensor(np.asarray(columns[key], dtype=np.float64))  # noqa: E731
-    metrics = {}
-    metrics.update(_mean_max_min("agent_loop/num_turns", as_tensor("__num_turns__")))
-    metrics.update(_mean_max_min("agent_loop/tool_calls", as_tensor("__tool_calls__")))
+    metrics = {**_mean_max_min("agent_loop/num_turns", as_tensor("__num_turns__")),
+               **_mean_max_min("agent_loop/tool_calls", as_tensor("__tool_calls__"))}
     for key, name in (("__tool_errors__", "tool_errors"), ("__tool_seconds__", "tool_time_s"),
                       ("__tool_reward__", "tool_reward"), ("__turn_score__", "turn_score")):
         if key in columns:
@@ -147,11 +143,8 @@ def compute_throughput_metrics(batch: DataProto, timing_raw: Mapping[str, float]
                        "simple_timer('step', timing_raw))")
     total_tokens = int(batch.batch["attention_mask"].sum().item())
     step_time = float(timing_raw["step"])
-    return {
-        "perf/total_num_tokens": float(total_tokens),
-        "perf/time_per_step": step_time,
-        "perf/throughput": total_tokens / (step_time * n_gpus) if step_time > 0 and n_gpus > 0 else math.nan,
-    }
+    return {"perf/total_num_tokens": float(total_tokens), "perf/time_per_step": step_time,
+            "perf/throughput": total_tokens / (step_time * n_gpus) if step_time > 0 and n_gpus > 0 else math.nan}
 
 
 def _reducer(key: str):
@@ -205,13 +198,9 @@ def compute_rollout_probs_diff(rollout_log_probs: torch.Tensor, actor_log_probs:
         corr = ((rc * ac).sum().item()) / denom
     else:
         corr = 1.0 if torch.equal(rollout_probs, actor_probs) else 0.0
-    return {
-        f"{prefix}_mean": diff.mean().item(),
-        f"{prefix}_max": diff.max().item(),
-        f"{prefix}_std": diff.std(unbiased=False).item(),
-        f"{prefix}_valid": 1.0,
-        "training/rollout_actor_probs_pearson_corr": corr,
-    }
+    return {f"{prefix}_mean": diff.mean().item(), f"{prefix}_max": diff.max().item(),
+            f"{prefix}_std": diff.std(unbiased=False).item(), f"{prefix}_valid": 1.0,
+            "training/rollout_actor_probs_pearson_corr": corr}
 
 
 # ---------------------------------------------------------------------------- validation metrics
@@ -269,31 +258,15 @@ def _majority_votes(sub_codes: np.ndarray, n: int) -> np.ndarray:
     return counts.argmax(-1).reshape(batch_shape)
 
 
-class _PromptAverages:
-    """Running mean over prompts of each (variable, metric)."""
-
-    def __init__(self):
-        self.sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-
-    def add(self, var: str, metric: str, per_prompt: np.ndarray) -> None:
-        self.sums[var][metric] += float(per_prompt.sum())
-        self.counts[var][metric] += per_prompt.shape[0]
-
-    def result(self) -> dict[str, dict[str, float]]:
-        return {var: {m: total / self.counts[var][m] for m, total in metrics.items()}
-                for var, metrics in self.sums.items()}
-
-
-def _group_metrics(columns: dict[str, np.ndarray], codes: np.ndarray | None, seed: int,
-                   add) -> None:
+def _group_metrics(columns: dict[str, np.ndarray], codes: np.ndarray | None,
+                   seed: int) -> Iterator[tuple[str, str, np.ndarray]]:
     """Metrics of the prompts of one data source that all have n samples: ``columns`` maps each
-    variable to its (P, n) values; ``add(var, metric, per_prompt_values)`` collects the results."""
+    variable to its (P, n) values; yields ``(var, metric, per_prompt_values)``."""
     num_prompts, n = next(iter(columns.values())).shape
     for var, values in columns.items():
-        add(var, f"mean@{n}", values.mean(-1))
+        yield var, f"mean@{n}", values.mean(-1)
         if n > 1:
-            add(var, f"std@{n}", values.std(-1))
+            yield var, f"std@{n}", values.std(-1)
     code_values = {var: _first_value_per_code(codes, v) for var, v in columns.items()} if codes is not None else {}
 
     for k in _subset_sizes(n):
@@ -311,8 +284,8 @@ def _group_metrics(columns: dict[str, np.ndarray], codes: np.ndarray | None, see
                 if winners is not None:
                     reduced["maj"] = code_values[var][rows[:, None], winners]
                 for name, per_subset in reduced.items():  # (p, N_BOOTSTRAP)
-                    add(var, f"{name}@{k}/mean", per_subset.mean(-1))
-                    add(var, f"{name}@{k}/std", per_subset.std(-1))
+                    yield var, f"{name}@{k}/mean", per_subset.mean(-1)
+                    yield var, f"{name}@{k}/std", per_subset.std(-1)
 
 
 def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
@@ -352,15 +325,20 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
 
     result: dict[str, dict[str, dict[str, float]]] = {}
     for source, prompts in groups.items():
-        averages = _PromptAverages()
+        totals: dict[str, dict[str, list]] = defaultdict(dict)  # var -> metric -> [sum over prompts, prompts]
         by_size: dict[int, list[list[int]]] = defaultdict(list)
         for indices in prompts.values():
             by_size[len(indices)].append(indices)
         for n, members in sorted(by_size.items()):
             index = np.asarray(members, dtype=np.int64)  # (P, n)
             codes = _answer_codes([[preds[i] for i in row] for row in members]) if preds is not None else None
-            _group_metrics({var: column[index] for var, column in numeric.items()}, codes, seed, averages.add)
-        result[source] = averages.result()
+            columns = {var: column[index] for var, column in numeric.items()}
+            for var, metric, per_prompt in _group_metrics(columns, codes, seed):
+                total = totals[var].setdefault(metric, [0.0, 0])
+                total[0] += float(per_prompt.sum())
+                total[1] += per_prompt.shape[0]
+        result[source] = {var: {m: total / count for m, (total, count) in metrics.items()}
+                          for var, metrics in totals.items()}
     return result
 
 

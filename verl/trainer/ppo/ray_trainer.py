@@ -63,8 +63,7 @@ class RayPPOTrainer:
     """
 
     def __init__(self, config, tokenizer, train_dataset, val_dataset=None, reward_fn=None, val_reward_fn=None):
-        self.config = config
-        self.tokenizer = tokenizer
+        self.config, self.tokenizer = config, tokenizer
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         # Everything derived from the config, once (the config itself is never changed): roles, pools,
@@ -78,8 +77,7 @@ class RayPPOTrainer:
         self.train_dataloader = make_dataloader(train_dataset, batch_size=prompts, sampler=self.train_sampler)
         self.use_critic, self.use_reference_policy, self.use_rm = (
             self.spec.use_critic, self.spec.use_reference_policy, self.spec.use_rm)
-        algorithm = self.spec.algorithm
-        self.kl_ctrl = get_kl_controller(algorithm.kl_ctrl) if algorithm.use_kl_in_reward else None
+        self.kl_ctrl = get_kl_controller(self.spec.algorithm.kl_ctrl) if self.spec.algorithm.use_kl_in_reward else None
         self.total_training_steps = self.spec.total_training_steps
         self.n_devices = self.spec.n_devices
         self.checkpoint_root = os.path.abspath(self.spec.trainer.default_local_dir)
@@ -87,7 +85,6 @@ class RayPPOTrainer:
         self.workers: WorkerGroups | None = None
         self.flops_counters: dict[str, FlopsCounter] = {}  # role -> counter of its model
 
-    # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Start the worker groups (Ray actors or in-process) and load every model."""
         self.workers = WorkerGroups.create(self.spec)
@@ -108,7 +105,6 @@ class RayPPOTrainer:
             self.workers.shutdown()
             self.workers = None
 
-    # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self) -> None:
         path = checkpointing.step_dir(self.checkpoint_root, self.global_steps)
         self.workers.actor_rollout.save_checkpoint(os.path.join(path, "actor"), self.global_steps)
@@ -160,7 +156,6 @@ class RayPPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = checkpointing.step_of(path)
 
-    # ------------------------------------------------------------------ one step's pieces
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder the batch so that each data-parallel rank gets a similar number of tokens."""
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
@@ -299,7 +294,6 @@ class RayPPOTrainer:
         """One PPO step on one batch of prompts; returns the step's metrics. ``next_batch()`` gives
         further batches when dynamic sampling (``algorithm.filter_groups``) needs more prompts."""
         config, groups = self.spec, self.workers
-        rollout = config.actor_rollout_ref.rollout
         metrics: dict = {}
         timing_raw: dict = {}
         with simple_timer("step", timing_raw):
@@ -309,7 +303,7 @@ class RayPPOTrainer:
             if config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            batch.meta_info["temperature"] = rollout.temperature
+            batch.meta_info["temperature"] = config.actor_rollout_ref.rollout.temperature
             scores = batch.batch["token_level_scores"]
             update_actor = config.trainer.critic_warmup <= self.global_steps
             fused_old_log_prob = config.old_log_prob_in_update and update_actor
@@ -361,7 +355,6 @@ class RayPPOTrainer:
         return validate(self.spec, self.workers.actor_rollout, self.val_dataset, self.val_reward_fn,
                         self.tokenizer, self.global_steps)
 
-    # ------------------------------------------------------------------ the loop
     def _train_batches(self):
         """Batches of prompts, epoch after epoch (the sampler moves to the next epoch each pass). With
         dynamic sampling a step may take several batches: the run then also ends after
@@ -396,11 +389,10 @@ class RayPPOTrainer:
             if self.global_steps:
                 tracker.resumed_at(self.global_steps)
             if self.val_dataset is not None and trainer.val_before_train:
-                val_metrics = self._validate()
-                tracker.log(val_metrics, step=self.global_steps)
-                last_metrics = val_metrics
+                last_metrics = self._validate()
+                tracker.log(last_metrics, step=self.global_steps)
                 if trainer.val_only:
-                    return val_metrics
+                    return last_metrics
             batches = self._train_batches()
             while self.global_steps < self.total_training_steps:
                 try:

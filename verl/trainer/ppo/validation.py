@@ -39,9 +39,8 @@ def dump_generations(tokenizer, batch: DataProto, scores: torch.Tensor, global_s
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{global_step}.jsonl")
     prompts = tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
-    mask = batch.batch["response_mask"].bool()
     responses = [tokenizer.decode(ids[m], skip_special_tokens=True)
-                 for ids, m in zip(batch.batch["responses"], mask)]
+                 for ids, m in zip(batch.batch["responses"], batch.batch["response_mask"].bool())]
     with open(path, "a") as f:
         for i, (prompt, response) in enumerate(zip(prompts, responses)):
             row = {"step": global_step, "input": prompt, "output": response, "score": float(scores[i])}

@@ -62,10 +62,8 @@ def _format_usage(head: str, usage: dict[str, float], rank: int | None) -> str:
         parts.append(f"cpu_rss={usage['cpu_rss_gb']:.2f}GiB")
     devices = sorted({k.split("/")[0] for k in usage if k.startswith("cuda:")}, key=lambda d: int(d[5:]))
     for dev in devices:
-        parts.append(
-            f"{dev} allocated={usage[f'{dev}/allocated_gb']:.2f}GiB "
-            f"reserved={usage[f'{dev}/reserved_gb']:.2f}GiB peak={usage[f'{dev}/peak_allocated_gb']:.2f}GiB"
-        )
+        parts.append(f"{dev} allocated={usage[f'{dev}/allocated_gb']:.2f}GiB "
+                     f"reserved={usage[f'{dev}/reserved_gb']:.2f}GiB peak={usage[f'{dev}/peak_allocated_gb']:.2f}GiB")
     return " | ".join(parts)
 
 
@@ -77,13 +75,7 @@ def print_memory_usage(head: str = "", logger: logging.Logger | None = None,
     CUDA parts appear only when CUDA is available. ``rank`` defaults to the torch.distributed rank
     when a process group exists. Returns :func:`memory_usage`'s dict.
     """
-    usage = memory_usage()
-    line = _format_usage(head, usage, rank if rank is not None else _current_rank())
-    if logger is None:
-        print(line, flush=True)
-    else:
-        logger.info(line)
-    return usage
+    return _report(head, logger, logging.INFO, rank if rank is not None else _current_rank())
 
 
 def log_gpu_memory_usage(head: str, logger: logging.Logger | None = None, level: int = logging.DEBUG,
@@ -99,8 +91,12 @@ def log_gpu_memory_usage(head: str, logger: logging.Logger | None = None, level:
         return None
     if logger is not None and not logger.isEnabledFor(level):
         return None
+    return _report(head, logger, level, current)
+
+
+def _report(head: str, logger: logging.Logger | None, level: int, rank: int | None) -> dict[str, float]:
     usage = memory_usage()
-    line = _format_usage(head, usage, current)
+    line = _format_usage(head, usage, rank)
     if logger is None:
         print(line, flush=True)
     else:

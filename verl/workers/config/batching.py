@@ -113,20 +113,16 @@ def policy_batching(config: ActorRolloutRefConfig, world_size: int, *, actor: bo
     reference's only with ``reference``)."""
     mini = per_rank_mini_batch(config.actor.ppo_mini_batch_size, config.rollout.n, world_size,
                                "actor_rollout_ref.actor") if actor else None
-    return PolicyBatching(
-        mini_batch_size=mini,
-        update=policy_phase(config, "update", world_size) if actor else None,
-        log_prob=policy_phase(config, "log_prob", world_size) if actor else None,
-        ref_log_prob=policy_phase(config, "ref_log_prob", world_size) if reference else None)
+    return PolicyBatching(mini_batch_size=mini, update=policy_phase(config, "update", world_size) if actor else None,
+                          log_prob=policy_phase(config, "log_prob", world_size) if actor else None,
+                          ref_log_prob=policy_phase(config, "ref_log_prob", world_size) if reference else None)
 
 
 def critic_batching(config: CriticConfig, world_size: int) -> CriticBatching:
     """The critic's batching on one of ``world_size`` ranks (``critic.rollout_n`` samples per prompt)."""
-    remove_padding = config.model.use_remove_padding
-
     def phase(name, token_key):
         return micro_batching(config, "critic", name, world_size, dynamic_key="use_dynamic_bsz", token_key=token_key,
-                              remove_padding=remove_padding)
+                              remove_padding=config.model.use_remove_padding)
 
     return CriticBatching(
         mini_batch_size=per_rank_mini_batch(config.ppo_mini_batch_size, config.rollout_n, world_size, "critic"),

@@ -64,7 +64,6 @@ def _check_contents(contents: Iterable[str]) -> set[str]:
     return chosen
 
 
-# ------------------------------------------------------------------------------------------------ state
 def _checkpointed_state(engine) -> dict:
     """The state-dict entries a checkpoint holds: all of them, or with a LoRA adapter only what trains."""
     state = engine.module.state_dict(keep_vars=True)
@@ -128,13 +127,9 @@ def _load_optim_payload(optimizer: torch.optim.Optimizer, payload: dict) -> None
 
 def _rng_state() -> dict:
     kind, key, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        # As plain lists, so the file loads with weights_only=True.
-        "numpy": [kind, key.tolist(), pos, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-    }
+    # numpy's state as plain lists, so the file loads with weights_only=True.
+    return {"python": random.getstate(), "numpy": [kind, key.tolist(), pos, has_gauss, cached],
+            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 
 def _set_rng_state(state: dict) -> None:
@@ -146,19 +141,14 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-# ------------------------------------------------------------------------------------------------ huggingface/
-def _hf_class(module: torch.nn.Module) -> type:
-    """The model's own transformers class (FSDP2 swaps in a subclass named ``FSDP<cls>``)."""
-    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
-
-
 def _write_hf_folder(engine, local_path: str, tokenizer, full_state: dict | None) -> None:
     """Rank 0: config, generation config, tokenizer and (if given) the full weights into huggingface/."""
     target = os.path.join(local_path, HF_DIR)
     os.makedirs(target, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".huggingface.", dir=local_path)
     try:
-        model_cls = _hf_class(engine.module)
+        # The model's own transformers class (FSDP2 swaps in a subclass named ``FSDP<cls>``).
+        model_cls = next(c for c in type(engine.module).__mro__ if not issubclass(c, FSDPModule))
         config = copy.deepcopy(engine.module.config)
         config.architectures = [model_cls.__name__]
         if hasattr(config, "use_cache"):
@@ -184,7 +174,6 @@ def _write_hf_folder(engine, local_path: str, tokenizer, full_state: dict | None
         shutil.rmtree(staging, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------------------ public
 def save_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("model", "optimizer", "extra"),
                     tokenizer=None) -> None:
     """Write the chosen ``contents`` of ``engine`` into ``local_path``. Collective over all ranks."""
@@ -192,16 +181,15 @@ def save_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
     if "optimizer" in chosen and engine.optimizer is None:
         raise ValueError("checkpoint contents include 'optimizer' but this engine has none.")
     world_size, rank = engine.world_size, engine.rank
+    paths = {part: os.path.join(local_path, shard_file(part, world_size, rank)) for part in _SHARD_PREFIX}
     os.makedirs(local_path, exist_ok=True)
     if "model" in chosen:
-        atomic_torch_save(_model_payload(engine), os.path.join(local_path, shard_file("model", world_size, rank)))
+        atomic_torch_save(_model_payload(engine), paths["model"])
     if "optimizer" in chosen:
-        atomic_torch_save(_optim_payload(engine.optimizer),
-                          os.path.join(local_path, shard_file("optimizer", world_size, rank)))
+        atomic_torch_save(_optim_payload(engine.optimizer), paths["optimizer"])
     if "extra" in chosen:
         scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
-        atomic_torch_save({"lr_scheduler": scheduler, "rng": _rng_state()},
-                           os.path.join(local_path, shard_file("extra", world_size, rank)))
+        atomic_torch_save({"lr_scheduler": scheduler, "rng": _rng_state()}, paths["extra"])
     full_state = engine.full_state_dict() if "hf_model" in chosen else None
     lora_config = getattr(engine, "lora_config", None)
     if rank == 0:
@@ -232,17 +220,17 @@ def load_checkpoint(engine, local_path: str, *, contents: Iterable[str] = ("mode
     chosen = _check_contents(contents) - {"hf_model"}
     saved_world = read_fsdp_config(local_path).get("world_size")
     if saved_world != engine.world_size:
-        raise ValueError(
-            f"{local_path} was saved by {saved_world} ranks but {engine.world_size} are loading it. Resume with "
-            f"the same number of GPUs (trainer.nnodes x trainer.n_gpus_per_node = {saved_world}), or export it "
-            "with `python -m verl.model_merger merge --backend fsdp --local_dir ...` and start from that model."
-        )
+        raise ValueError(f"{local_path} was saved by {saved_world} ranks but {engine.world_size} are loading it. "
+                         "Resume with the same number of GPUs (trainer.nnodes x trainer.n_gpus_per_node = "
+                         f"{saved_world}), or export it with `python -m verl.model_merger merge --backend fsdp "
+                         "--local_dir ...` and start from that model.")
     world_size, rank = engine.world_size, engine.rank
     files = {part: shard_file(part, world_size, rank) for part in _SHARD_PREFIX}
     absent = sorted(part for part in chosen if not os.path.isfile(os.path.join(local_path, files[part])))
     if absent:
-        raise FileNotFoundError(f"{local_path} holds no {[files[part] for part in absent]}: the checkpoint was saved "
-                                f"without {absent} (checkpoint.save_contents); drop them from checkpoint.load_contents.")
+        raise FileNotFoundError(
+            f"{local_path} holds no {[files[part] for part in absent]}: the checkpoint was saved without {absent} "
+            "(checkpoint.save_contents); drop them from checkpoint.load_contents.")
     if "model" in chosen:
         path = os.path.join(local_path, files["model"])
         _load_model_payload(engine, _read(path), path)

@@ -163,10 +163,9 @@ class FSDPEngine:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         fsdp_config = FSDPConfig.from_config(fsdp_config)
         optim_config = None if optim_config is None else OptimConfig.from_config(optim_config)
-        fsdp_size = fsdp_config.fsdp_size
-        if 0 < fsdp_size < self.world_size:
+        if 0 < fsdp_config.fsdp_size < self.world_size:
             logger.warning("fsdp_config.fsdp_size=%d is ignored: this engine shards over all %d ranks (1-D mesh).",
-                           fsdp_size, self.world_size)
+                           fsdp_config.fsdp_size, self.world_size)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
         self.reshard_after_forward = fsdp_config.reshard_after_forward
         self.offload_policy = fsdp_config.offload_policy and self.device.type != "cpu"
@@ -200,7 +199,6 @@ class FSDPEngine:
         if self.param_offload:
             self.offload_params()
 
-    # ----------------------------------------------------------------------------------------- training
     def train_step(self, micro_batches: Iterable, loss_fn: LossFn) -> dict:
         """One optimizer step over ``micro_batches`` (gradient accumulation), collective over all ranks.
 
@@ -233,14 +231,13 @@ class FSDPEngine:
         total_loss = float(torch.stack(losses).sum()) if losses else 0.0
         results = _to_floats(results)
         grad_norm = self.clip_grad_norm()
-        lr = self.get_lr()
         skipped = not math.isfinite(grad_norm)
         if skipped:
             logger.warning("grad_norm is %s: skipping this optimizer step (rank %d).", grad_norm, self.rank)
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        results.update(loss=total_loss, grad_norm=grad_norm, lr=lr, update_skipped=skipped)
+        results.update(loss=total_loss, grad_norm=grad_norm, lr=self.get_lr(), update_skipped=skipped)
         return dict(results)
 
     def clip_grad_norm(self) -> float:
@@ -273,7 +270,6 @@ class FSDPEngine:
         self.lr_scheduler.step()
         return self.get_lr()
 
-    # ----------------------------------------------------------------------------------------- offload
     def offload_params(self) -> None:
         """Move the sharded parameters (and any grads) to the CPU. No-op on a CPU engine."""
         if self.device.type == "cpu" or self.offload_policy:
@@ -331,7 +327,6 @@ class FSDPEngine:
             if load_params:
                 self.offload_params()
 
-    # ----------------------------------------------------------------------------------------- rollout / export
     @contextlib.contextmanager
     def gathered_params(self) -> Iterator[torch.nn.Module]:
         """Every FSDP unit unsharded (in ``param_dtype``) for the whole block; yields the module.
@@ -374,7 +369,6 @@ class FSDPEngine:
                     full[name] = tensor.to("cpu", copy=True)
         return full
 
-    # ----------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, local_path: str, *, save_contents: Iterable[str] = ("model", "optimizer", "extra"),
                         tokenizer=None) -> None:
         """Write this engine's state to ``local_path`` (e.g. ``.../global_step_N/actor``). Collective.
@@ -384,7 +378,8 @@ class FSDPEngine:
         """
         ckpt.save_checkpoint(self, local_path, contents=save_contents, tokenizer=tokenizer)
 
-    def load_checkpoint(self, local_path: str, *, load_contents: Iterable[str] = ("model", "optimizer", "extra")) -> None:
+    def load_checkpoint(self, local_path: str, *,
+                        load_contents: Iterable[str] = ("model", "optimizer", "extra")) -> None:
         """Restore what ``save_checkpoint`` wrote; the world size must be the one it was saved with."""
         ckpt.load_checkpoint(self, local_path, contents=load_contents)
         if not self._optimizer_on_device:  # loaded next to the parameters; keep them where offload wants them

@@ -31,10 +31,9 @@ def build_optimizer(params, optim_config: OptimConfig) -> torch.optim.Optimizer:
     """
     optim_config = OptimConfig.from_config(optim_config)
     if optim_config.optimizer.lower() != "adamw" or optim_config.optimizer_impl != "torch.optim":
-        raise ValueError(
-            f"optim.optimizer={optim_config.optimizer!r} with optim.optimizer_impl={optim_config.optimizer_impl!r} "
-            "is not supported; use optimizer=AdamW, optimizer_impl=torch.optim."
-        )
+        raise ValueError(f"optim.optimizer={optim_config.optimizer!r} with optim.optimizer_impl="
+                         f"{optim_config.optimizer_impl!r} is not supported; use optimizer=AdamW, "
+                         "optimizer_impl=torch.optim.")
     kwargs = {"lr": float(optim_config.lr), "betas": tuple(float(b) for b in optim_config.betas),
               "weight_decay": float(optim_config.weight_decay), "eps": float(optim_config.eps)}
     overrides = dict(optim_config.override_optimizer_config or {})

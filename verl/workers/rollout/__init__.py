@@ -8,11 +8,9 @@ below are imported on first use: the registry (:mod:`.registry`) knows the engin
 
 from verl.utils.lazy import lazy_exports
 
-_EXPORTS = {
-    **{name: ".base" for name in ("BaseRollout", "SamplingParams", "build_rollout_output", "check_left_padded",
-                                  "resolve_sampling_params")},
-    **{name: ".registry" for name in ("get_rollout_class", "register_rollout", "registered_rollouts")},
-    "HFRollout": ".hf_rollout", "NativeRollout": ".native",
-}
+_EXPORTS = {**dict.fromkeys(("BaseRollout", "SamplingParams", "build_rollout_output", "check_left_padded",
+                             "resolve_sampling_params"), ".base"),
+            **dict.fromkeys(("get_rollout_class", "register_rollout", "registered_rollouts"), ".registry"),
+            "HFRollout": ".hf_rollout", "NativeRollout": ".native"}
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

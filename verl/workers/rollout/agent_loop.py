@@ -120,8 +120,7 @@ class _EventLoop:
                 task.cancel()
             _, stuck = await asyncio.wait(tasks, timeout=10.0) if tasks else (None, [])
             for task in stuck:
-                logger.warning("a tool or interaction coroutine did not stop within 10 s of its cancellation: %r",
-                               task)
+                logger.warning("a tool or interaction coroutine did not stop within 10 s of its cancellation: %r", task)
 
         try:
             self.submit(cancel_all()).result(timeout=30.0)
@@ -175,7 +174,6 @@ class ToolAgentLoop:
         self.schemas = [tool.get_openai_tool_schema() for tool in tools.values()]
         self.separator = self._separator()
 
-    # ------------------------------------------------------------------ chat template pieces
     def _render(self, messages, add_generation_prompt: bool, tokenize: bool = True):
         return self.tokenizer.apply_chat_template(messages, tools=self.schemas or None, tokenize=tokenize,
                                                   add_generation_prompt=add_generation_prompt,
@@ -199,7 +197,6 @@ class ToolAgentLoop:
                              "assistant's; multi-turn rollouts need a template that only appends (ChatML-like)")
         return self.separator + after[len(before):]
 
-    # ------------------------------------------------------------------ the loop
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         params = self.rollout.sampling_params(prompts.meta_info)
         if "raw_prompt" not in prompts.non_tensor_batch:
@@ -325,12 +322,10 @@ class ToolAgentLoop:
         start = time.perf_counter()
         results = await asyncio.gather(*(self._call(episode, call) for call in calls[: self.max_parallel_calls]))
         episode.tool_seconds += time.perf_counter() - start
-        tool_messages = []
-        for text, error in results:
-            episode.tool_calls += 1
-            episode.tool_errors += int(error)
-            tool_messages.append({"role": "tool", "content": truncate(text, self.max_tool_response_length,
-                                                                      self.truncate_side)})
+        episode.tool_calls += len(results)
+        episode.tool_errors += sum(int(error) for _, error in results)
+        tool_messages = [{"role": "tool", "content": truncate(text, self.max_tool_response_length, self.truncate_side)}
+                         for text, _ in results]
         return self._continuation(episode, tool_messages, used, budget)
 
     async def _user_turn(self, episode: _Episode, row: int, used: int, budget: int) -> list[int] | None:
@@ -358,7 +353,6 @@ class ToolAgentLoop:
             return f"error: {type(err).__name__}: {err}", True
         return str(text), bool((metrics or {}).get("error", 0))
 
-    # ------------------------------------------------------------------ output
     def _output(self, prompts: DataProto, batch: DataProto, episodes: list[_Episode], tokens: EpisodeTokens,
                 params) -> DataProto:
         if self.sanity_check != "disable":
@@ -375,10 +369,8 @@ class ToolAgentLoop:
         non_tensor = {k: np.repeat(v, n, axis=0) if isinstance(v, np.ndarray) else v
                       for k, v in prompts.non_tensor_batch.items()}
         stats = {"__num_turns__": [e.assistant_turns + e.user_turns for e in episodes],
-                 "__tool_calls__": [e.tool_calls for e in episodes],
-                 "__tool_errors__": [e.tool_errors for e in episodes],
-                 "__tool_seconds__": [e.tool_seconds for e in episodes],
-                 "__tool_reward__": [e.tool_reward for e in episodes]}
+                 **{f"__{name}__": [getattr(e, name) for e in episodes]
+                    for name in ("tool_calls", "tool_errors", "tool_seconds", "tool_reward")}}
         if self.interactions:
             stats["__turn_score__"] = [sum(e.turn_scores) for e in episodes]
             extra = non_tensor.get("extra_info")
@@ -391,8 +383,7 @@ class ToolAgentLoop:
         return DataProto.from_dict(
             {"prompts": prompt_ids, "responses": responses, "input_ids": torch.cat([prompt_ids, responses], dim=1),
              "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": tokens.generated,
-             "rollout_log_probs": tokens.log_probs},
-            non_tensors=non_tensor, meta_info=dict(prompts.meta_info))
+             "rollout_log_probs": tokens.log_probs}, non_tensors=non_tensor, meta_info=dict(prompts.meta_info))
 
     def _check_tokens(self, episode: _Episode, response_ids: list[int]) -> None:
         """The assembled ids must decode to the chat template's text for the same conversation (up to the
@@ -402,8 +393,7 @@ class ToolAgentLoop:
         if not want.startswith(got.rstrip()) and not got.startswith(want.rstrip()):
             at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
             raise ValueError(
-                "multi-turn tokenization check (tokenization_sanity_check_mode=strict): the episode's tokens "
-                f"decode to {got[max(0, at - 40):at + 40]!r} where the chat template renders "
-                f"{want[max(0, at - 40):at + 40]!r}. The template does not append messages the way the loop "
-                "assumes; set actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable to skip "
-                "the check")
+                "multi-turn tokenization check (tokenization_sanity_check_mode=strict): the episode's tokens decode "
+                f"to {got[max(0, at - 40):at + 40]!r} where the chat template renders "
+                f"{want[max(0, at - 40):at + 40]!r}. The template does not append messages the way the loop assumes; "
+                "set actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable to skip the check")

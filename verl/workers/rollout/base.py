@@ -29,8 +29,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["BaseRollout", "EpisodeTokens", "SamplingParams", "TurnHandler", "build_rollout_output",
            "check_left_padded", "left_padded", "resolve_sampling_params", "wait_for_continuations"]
 
-# ----------------------------------------------------------------------------- sampling settings
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -99,19 +97,10 @@ def resolve_sampling_params(config: RolloutConfig, meta_info: dict, default_eos_
                          "meta_info['pad_token_id'] to generate_sequences")
     if config.ignore_eos:
         eos = []
-    return SamplingParams(
-        n=n,
-        greedy=greedy,
-        temperature=1.0 if greedy else temperature,
-        top_k=max(int(pick("top_k") or 0), 0),
-        top_p=top_p,
-        response_length=int(response_length),
-        eos_token_ids=tuple(int(e) for e in eos),
-        pad_token_id=int(pad),
-    )
+    return SamplingParams(n=n, greedy=greedy, temperature=1.0 if greedy else temperature,
+                          top_k=max(int(pick("top_k") or 0), 0), top_p=top_p, response_length=int(response_length),
+                          eos_token_ids=tuple(int(e) for e in eos), pad_token_id=int(pad))
 
-
-# ----------------------------------------------------------------------------- the contract
 
 class BaseRollout(ABC):
     """A generation engine.
@@ -145,8 +134,7 @@ class BaseRollout(ABC):
         self.default_pad_token_id = getattr(tokenizer, "pad_token_id", None)
 
     def sampling_params(self, meta_info: dict) -> SamplingParams:
-        return resolve_sampling_params(self.config, meta_info, self.default_eos_token_ids,
-                                       self.default_pad_token_id)
+        return resolve_sampling_params(self.config, meta_info, self.default_eos_token_ids, self.default_pad_token_id)
 
     @abstractmethod
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -321,15 +309,9 @@ def build_rollout_output(prompts: DataProto, responses: torch.Tensor, log_probs:
     steps = torch.arange(1, length + 1, device=device, dtype=prompt_positions.dtype)
     response_positions = prompt_positions[..., -1:] + steps
     return DataProto(
-        batch={
-            "prompts": prompt_ids,
-            "responses": responses,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat([rep(prompts.batch["attention_mask"]), response_mask], dim=1),
-            "position_ids": torch.cat([prompt_positions, response_positions], dim=-1),
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs,
-        },
+        batch={"prompts": prompt_ids, "responses": responses, "input_ids": torch.cat([prompt_ids, responses], dim=1),
+               "attention_mask": torch.cat([rep(prompts.batch["attention_mask"]), response_mask], dim=1),
+               "position_ids": torch.cat([prompt_positions, response_positions], dim=-1),
+               "response_mask": response_mask, "rollout_log_probs": log_probs},
         non_tensor_batch={k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensor_batch.items()},
-        meta_info=dict(prompts.meta_info),
-    )
+        meta_info=dict(prompts.meta_info))

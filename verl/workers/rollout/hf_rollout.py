@@ -12,9 +12,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers import (
-    GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-)
+from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
+                          TopKLogitsWarper, TopPLogitsWarper)
 
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
@@ -129,20 +128,11 @@ class HFRollout(BaseRollout):
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
         generation_config = GenerationConfig(
-            max_new_tokens=params.response_length,
-            num_beams=1,
-            num_return_sequences=1,
-            eos_token_id=list(params.eos_token_ids) or None,
-            pad_token_id=params.pad_token_id,
-            use_cache=True,
-            **sampling,
-        )
-        sequences = self.module.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=generation_config,
-            logits_processor=LogitsProcessorList(processors),
-        )
+            max_new_tokens=params.response_length, num_beams=1, num_return_sequences=1, use_cache=True,
+            eos_token_id=list(params.eos_token_ids) or None, pad_token_id=params.pad_token_id, **sampling)
+        sequences = self.module.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                         generation_config=generation_config,
+                                         logits_processor=LogitsProcessorList(processors))
         return sequences[:, input_ids.shape[1]:], recorder.finish(sequences)
 
 

@@ -27,11 +27,9 @@ EXTERNAL_ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"
 EXTERNAL_ONLY = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_parallel_size",
                  "enable_chunked_prefill", "enable_prefix_caching", "load_format", "layered_summon",
                  "disable_log_stats", "engine_kwargs")
-IGNORED_CONFIG_KEYS = {
-    "hf": EXTERNAL_ONLY + ("gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens",
-                           "max_model_len", "max_num_seqs", "dtype"),
-    "native": EXTERNAL_ONLY + ("dtype",),
-}
+IGNORED_CONFIG_KEYS = {"hf": EXTERNAL_ONLY + ("gpu_memory_utilization", "free_cache_engine", "enforce_eager",
+                                              "max_num_batched_tokens", "max_model_len", "max_num_seqs", "dtype"),
+                       "native": EXTERNAL_ONLY + ("dtype",)}
 
 _ROLLOUTS = Registry("rollout engine", "actor_rollout_ref.rollout.name")
 

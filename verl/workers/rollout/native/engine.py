@@ -38,9 +38,8 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import (
-    BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output, check_left_padded, wait_for_continuations
-)
+from verl.workers.rollout.base import (BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output,
+                                       check_left_padded, wait_for_continuations)
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
 from verl.workers.rollout.native.model import DecoderWeights, decode, extend, prefill
 from verl.workers.rollout.native.sampling import sample
@@ -59,11 +58,8 @@ class _SlotState:
     """Per-slot device tensors the decode step reads and updates (fixed addresses for the graphs)."""
 
     def __init__(self, num_slots: int, device: torch.device):
-        self.tokens = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.write_pos = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.start = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.row = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self.step = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.tokens, self.write_pos, self.start, self.row, self.step = torch.zeros(5, num_slots, dtype=torch.long,
+                                                                                   device=device)
         self.live = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.slot_ids = torch.arange(num_slots, device=device)
 
@@ -147,19 +143,17 @@ class NativeRollout(BaseRollout):
         """Multi-turn episodes with continuous admission and the cache kept between turns (module docstring)."""
         params = self.sampling_params(prompts.meta_info)
         responses, log_probs, run = self._generate(prompts, params, on_turn)
-        generated = run.generated[: run.rows]
         lengths = torch.as_tensor(run.lengths)
         columns = torch.arange(params.response_length, device=responses.device)
         inside = columns[None] < lengths.to(responses.device)[:, None]
-        generated = generated & inside
+        generated = run.generated[: run.rows] & inside
         return EpisodeTokens(responses.masked_fill(~inside, params.pad_token_id).cpu(), generated.long().cpu(),
                              log_probs.masked_fill(~generated, 0.0).cpu(), lengths)
 
     def _generate(self, prompts: DataProto, params, on_turn):
         check_left_padded(prompts.batch["attention_mask"])
         self.weights.bind()
-        w = self.weights
-        device = w.device
+        device = self.weights.device
         input_ids = prompts.batch["input_ids"].to(device)
         valid = prompts.batch["attention_mask"].to(device).bool()
         batch, width = input_ids.shape
@@ -208,8 +202,7 @@ class _Run:
         self.width = input_ids.shape[1]
         self.pads = (~valid).sum(dim=1).tolist()
         self.rows = input_ids.shape[0] * params.n
-        device = input_ids.device
-        self.device = device
+        self.device = device = input_ids.device
         # Row ``rows`` is a sink for the writes of slots that are not running.
         self.out_tokens = torch.full((self.rows + 1, params.response_length), params.pad_token_id,
                                      dtype=torch.long, device=device)
@@ -241,7 +234,6 @@ class _Run:
         self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
                       "graph_captures": 0, "turns": 0, "extend_s": 0.0, "idle_s": 0.0}
 
-    # ------------------------------------------------------------------ main loop
     def generate(self) -> tuple[torch.Tensor, torch.Tensor]:
         captures = self.engine.graphs.captures
         self._admit()
@@ -282,7 +274,6 @@ class _Run:
         elif stopped:
             self._end_turns(stopped)
 
-    # ------------------------------------------------------------------ multi-turn episodes
     def _end_turns(self, slots: list[int]) -> None:
         """Hand each stopped row's turn to ``on_turn``; its slot (and cache) waits for the continuation."""
         rows = self.slot_row[slots]
@@ -329,8 +320,7 @@ class _Run:
         # Chunks of at most max_num_batched_tokens fed tokens, and attention scores (fed tokens x heads x
         # cache columns) of at most 2**28 elements.
         width = max(len(more) for _, _, more in extend_rows) + 1
-        per_chunk = max(1, min(self.chunk_tokens // width,
-                               2**28 // (width * self.w.num_heads * self.cache.max_len)))
+        per_chunk = max(1, min(self.chunk_tokens // width, 2**28 // (width * self.w.num_heads * self.cache.max_len)))
         for i in range(0, len(extend_rows), per_chunk):
             self._extend(extend_rows[i:i + per_chunk])
 
@@ -378,7 +368,6 @@ class _Run:
     def _toc(self, tic: float) -> float:
         return self._tic() - tic
 
-    # ------------------------------------------------------------------ decode
     def _seed(self) -> int:
         """A fresh 31-bit key per sampling call for the fused CUDA sampler (host-side: no device sync),
         derived from the call's seed."""
@@ -412,7 +401,6 @@ class _Run:
             done |= torch.isin(tokens, self.eos)
         return done
 
-    # ------------------------------------------------------------------ admission (prefill)
     def _admit(self) -> None:
         """Fill free slots with waiting rows; each chunk prefills its distinct prompts once."""
         tic = self._tic()
@@ -454,7 +442,6 @@ class _Run:
         self.slot_row[slots] = rows
         self.slot_steps[slots] = 1
 
-    # ------------------------------------------------------------------ packing
     def _compact(self) -> None:
         """Move running rows into the lowest slots when that lowers the decode batch bucket."""
         running = np.flatnonzero(self.slot_row >= 0)

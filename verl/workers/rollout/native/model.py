@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verl.workers.rollout.native import triton_ops
+
 __all__ = ["DecoderWeights", "UnsupportedModelError", "decode", "extend", "prefill"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -35,9 +37,8 @@ class UnsupportedModelError(ValueError):
 
 def _unsupported(what: str) -> UnsupportedModelError:
     return UnsupportedModelError(
-        f"rollout.name=native does not support {what}; it runs {', '.join(SUPPORTED_MODEL_TYPES)} decoders "
-        "(RMSNorm, RoPE, SwiGLU, full attention). Set actor_rollout_ref.rollout.name=hf to generate with "
-        "transformers instead.")
+        f"rollout.name=native does not support {what}; it runs {', '.join(SUPPORTED_MODEL_TYPES)} decoders (RMSNorm, "
+        "RoPE, SwiGLU, full attention). Set actor_rollout_ref.rollout.name=hf to generate with transformers instead.")
 
 
 @dataclass
@@ -121,21 +122,17 @@ class DecoderWeights:
             def b(part, name, i=i):
                 return _tensor(getattr(part, "bias", None), f"layers.{i}.{name}.bias")
 
-            q_norm = getattr(attn, "q_norm", None)
-            k_norm = getattr(attn, "k_norm", None)
+            q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
             self.layers.append(LayerWeights(
-                input_norm=w(layer.input_layernorm, "input_layernorm"),
-                q=w(attn.q_proj, "q_proj"), q_bias=b(attn.q_proj, "q_proj"),
-                k=w(attn.k_proj, "k_proj"), k_bias=b(attn.k_proj, "k_proj"),
-                v=w(attn.v_proj, "v_proj"), v_bias=b(attn.v_proj, "v_proj"),
-                o=w(attn.o_proj, "o_proj"), o_bias=b(attn.o_proj, "o_proj"),
-                q_norm=None if q_norm is None else w(q_norm, "q_norm"),
+                input_norm=w(layer.input_layernorm, "input_layernorm"), q=w(attn.q_proj, "q_proj"),
+                q_bias=b(attn.q_proj, "q_proj"), k=w(attn.k_proj, "k_proj"), k_bias=b(attn.k_proj, "k_proj"),
+                v=w(attn.v_proj, "v_proj"), v_bias=b(attn.v_proj, "v_proj"), o=w(attn.o_proj, "o_proj"),
+                o_bias=b(attn.o_proj, "o_proj"), q_norm=None if q_norm is None else w(q_norm, "q_norm"),
                 k_norm=None if k_norm is None else w(k_norm, "k_norm"),
                 post_norm=w(layer.post_attention_layernorm, "post_attention_layernorm"),
                 gate=w(mlp.gate_proj, "gate_proj"), gate_bias=b(mlp.gate_proj, "gate_proj"),
-                up=w(mlp.up_proj, "up_proj"), up_bias=b(mlp.up_proj, "up_proj"),
-                down=w(mlp.down_proj, "down_proj"), down_bias=b(mlp.down_proj, "down_proj"),
-            ))
+                up=w(mlp.up_proj, "up_proj"), up_bias=b(mlp.up_proj, "up_proj"), down=w(mlp.down_proj, "down_proj"),
+                down_bias=b(mlp.down_proj, "down_proj")))
 
     @property
     def num_layers(self) -> int:
@@ -212,25 +209,11 @@ def _add_linear(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: to
     return x + F.linear(h, weight, bias)
 
 
-def _fused(t: torch.Tensor) -> bool:
-    """Whether the Triton kernels of ``triton_ops`` serve this tensor (CUDA only; CPU never imports them)."""
-    if not t.is_cuda:
-        return False
-    from verl.workers.rollout.native import triton_ops
-
-    return triton_ops.enabled(t)
-
-
 def _mlp_residual(x: torch.Tensor, lw: LayerWeights, eps: float, fused: bool = False) -> torch.Tensor:
     h = _rms_norm(x, lw.post_norm, eps)
     gate = F.linear(h, lw.gate, lw.gate_bias)
     up = F.linear(h, lw.up, lw.up_bias)
-    if fused:
-        from verl.workers.rollout.native import triton_ops
-
-        act = triton_ops.silu_mul(gate, up)
-    else:
-        act = F.silu(gate) * up
+    act = triton_ops.silu_mul(gate, up) if fused else F.silu(gate) * up
     return _add_linear(x, act, lw.down, lw.down_bias)
 
 
@@ -247,21 +230,17 @@ def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tens
     cos, sin = cos_table[positions][:, :, None], sin_table[positions][:, :, None]
     causal = torch.ones(T, T, dtype=torch.bool, device=input_ids.device).tril()
     # Padding queries attend to themselves only, so no row of the mask is empty.
-    mask = (causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=input_ids.device)
-    mask = mask[:, None]
+    mask = ((causal & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=input_ids.device))[:, None]
     unpadded = bool(valid.all())
     groups = w.num_heads // w.num_kv_heads
-    fused = _fused(input_ids)
+    fused = triton_ops.enabled(input_ids)
     x = F.embedding(input_ids, w.embed)
     for i, lw in enumerate(w.layers):
         q, k, v = _attention_inputs(w, lw, _rms_norm(x, lw.input_norm, w.eps), cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         cache.store_prompt(i, slots, k[sources], v[sources], first_col)
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        if unpadded:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if unpadded else mask, is_causal=unpadded)
         x = x + F.linear(out.transpose(1, 2).flatten(2), lw.o, lw.o_bias)
         x = _mlp_residual(x, lw, w.eps, fused)
     last = _rms_norm(x[:, -1], w.norm, w.eps)
@@ -281,13 +260,8 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
     bias = torch.zeros(visible.shape, dtype=w.dtype, device=tokens.device)
     bias = bias.masked_fill(~visible, float("-inf"))[:, None, None, :]
     groups = w.num_heads // w.num_kv_heads
-    fused = _fused(tokens)
-    if fused:
-        from verl.workers.rollout.native import triton_ops
-
-        fuse_rope = triton_ops.rope_supported(w.head_dim)
-    else:
-        fuse_rope = False
+    fused = triton_ops.enabled(tokens)  # the Triton kernels serve CUDA tensors only
+    fuse_rope = fused and triton_ops.rope_supported(w.head_dim)
     if not fuse_rope:
         cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
         # Row of the flattened (slots * kv_heads * max_len, head_dim) cache that each new key goes to.
@@ -334,15 +308,14 @@ def extend(w: DecoderWeights, cache, tokens: torch.Tensor, lengths: torch.Tensor
     mask = visible[:, None, :, None, :].expand(B, 1, L, groups, span).reshape(B, 1, L * groups, span)
     heads = torch.arange(w.num_kv_heads, device=device)
     rows = ((slots[:, None, None] * w.num_kv_heads + heads[None, None]) * cache.max_len + columns[:, :, None])[valid]
-    fused = _fused(tokens)
+    fused = triton_ops.enabled(tokens)
     x = F.embedding(tokens, w.embed)
     for i, lw in enumerate(w.layers):
         q, k, v = _attention_inputs(w, lw, _rms_norm(x, lw.input_norm, w.eps), cos, sin)
         keys, values = cache.k[i], cache.v[i]
         keys.view(-1, w.head_dim).index_copy_(0, rows.flatten(), k[valid].reshape(-1, w.head_dim))
         values.view(-1, w.head_dim).index_copy_(0, rows.flatten(), v[valid].reshape(-1, w.head_dim))
-        q = q.view(B, L, w.num_kv_heads, groups, w.head_dim).permute(0, 2, 1, 3, 4).reshape(B, w.num_kv_heads, -1,
-                                                                                         w.head_dim)
+        q = q.view(B, L, w.num_kv_heads, groups, w.head_dim).permute(0, 2, 1, 3, 4).flatten(2, 3)
         out = F.scaled_dot_product_attention(q, keys[slots, :, :span], values[slots, :, :span], attn_mask=mask)
         out = out.view(B, w.num_kv_heads, L, groups, w.head_dim).permute(0, 2, 1, 3, 4).reshape(B, L, -1)
         x = x + F.linear(out, lw.o, lw.o_bias)

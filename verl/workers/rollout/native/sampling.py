@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.native import triton_ops
 
 __all__ = ["filter_logits", "sample"]
 
@@ -39,27 +40,20 @@ def filter_logits(logits: torch.Tensor, scaled: torch.Tensor, top_k: int, top_p:
     return scaled.masked_fill(~keep, float("-inf"))
 
 
-def _gumbel_argmax(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    noise = torch.empty_like(scores).exponential_(generator=generator).log_()
-    return (scores - noise).argmax(dim=-1)
-
-
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
            seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``(b,)`` and their log-probs ``(b,)`` from logits ``(b, V)`` (computed in float32).
 
     On CUDA with Triton and a ``seed``, non-greedy sampling runs ``triton_ops.sample`` (Philox noise keyed
     by ``seed``; ``generator`` is then not advanced)."""
-    if seed is not None and logits.is_cuda and not params.greedy:
-        from verl.workers.rollout.native import triton_ops
-
-        if triton_ops.enabled(logits):
-            return triton_ops.sample(logits, params.temperature, params.top_k, params.top_p, seed)
+    if seed is not None and not params.greedy and triton_ops.enabled(logits):
+        return triton_ops.sample(logits, params.temperature, params.top_k, params.top_p, seed)
     logits = logits.float()
     scaled = logits if params.temperature == 1.0 else logits / params.temperature
     if params.greedy:
         tokens = scaled.argmax(dim=-1)
     else:
-        tokens = _gumbel_argmax(filter_logits(logits, scaled, params.top_k, params.top_p), generator)
+        scores = filter_logits(logits, scaled, params.top_k, params.top_p)  # Gumbel-max: argmax(scores - log(E))
+        tokens = (scores - torch.empty_like(scores).exponential_(generator=generator).log_()).argmax(dim=-1)
     log_probs = scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)
     return tokens, log_probs
