@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 MOVED = {
     "verl.trainer.ppo.core_algos": "verl.algorithms",
     "verl.trainer.ppo.reward": "verl.rewards.loading",
+    "verl.trainer.ppo.rollout_corr_helper": "verl.algorithms.rollout_correction",
     "verl.utils.reward_score": "verl.rewards.scorers",
     "verl.utils.dataset": "verl.data",
     "verl.workers.reward_manager": "verl.rewards.managers",

@@ -540,3 +540,28 @@ def test_multi_turn_with_a_simulated_user_passes_turn_scores_to_the_reward(gsm8k
     # assistant (tool call), tool, assistant, user ("Are you sure?"), assistant; then the user ends it
     assert data["agent_loop/num_turns/mean"] == 5 and data["agent_loop/turn_score/mean"] == 1.5
     assert data["critic/score/mean"] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "bypass"])
+def test_rollout_correction_weighs_and_rejects_in_both_modes(mode, gsm8k_setup, varied_reward, tmp_path, monkeypatch):
+    """Decoupled: pi_old is recomputed and the correction is applied against it on the driver (rollout_corr/*
+    and the log-prob gap logged). Bypass: the rollout's log-probs are pi_old (no old_log_prob pass) and the
+    update's loss weighs against the current policy."""
+    corr = "algorithm.rollout_correction"
+    extra = [f"{corr}.rollout_is=token", f"{corr}.rollout_rs=token_k1", f"{corr}.rollout_rs_threshold=0.5_2.0",
+             "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.adv_estimator=grpo",
+             "actor_rollout_ref.rollout.n=2", *varied_reward, "trainer.backend=local", "trainer.n_gpus_per_node=1",
+             "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.test_freq=-1"]
+    if mode == "bypass":
+        extra += [f"{corr}.bypass_mode=true", f"{corr}.loss_type=reinforce"]
+    _, records = run(gsm8k_setup, tmp_path, mode, *extra, monkeypatch=monkeypatch)
+    data = records[0]["data"]
+    assert math.isfinite(data["actor/pg_loss"])
+    for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl"):
+        assert math.isfinite(data[key]), key
+    # Decoupled: the same weights generated, so the engine's log-probs are pi_old's up to float error. Bypass: the
+    # ratio is the current policy's, which has taken an optimizer step after the first mini-batch (lr 1e-3).
+    assert data["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3 if mode == "decoupled" else 0.05)
+    assert data["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    assert ("timing_s/old_log_prob" in data) == (mode == "decoupled")
+    assert ("training/rollout_probs_diff_mean" in data) == (mode == "decoupled")

@@ -17,7 +17,8 @@ Estimators and policy losses live in registries, so the trainer selects them by 
 ``register_adv_est`` / ``register_policy_loss``.
 
 Modules: ``registry`` (names), ``advantage`` (estimators), ``losses`` (aggregation, policy, value,
-entropy), ``kl`` (estimators, controllers, in-reward penalty). Import from this package.
+entropy), ``kl`` (estimators, controllers, in-reward penalty), ``rollout_correction`` (importance weights
+and rejection for off-policy samples, the bypass-mode loss). Import from this package.
 """
 
 from verl.algorithms.advantage import (  # noqa: F401
@@ -34,6 +35,10 @@ from verl.algorithms.losses import (  # noqa: F401
     compute_policy_loss_gpg, compute_policy_loss_gspo, compute_policy_loss_kl_cov, compute_policy_loss_vanilla,
     compute_value_loss
 )
+from verl.algorithms.rollout_correction import (  # noqa: F401
+    compute_offpolicy_metrics, compute_policy_loss_bypass_mode, compute_rollout_correction_weights,
+    compute_rollout_rejection_mask, rollout_correction
+)
 from verl.algorithms.registry import (  # noqa: F401
     ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, AdvantageEstimator, get_adv_estimator_fn, get_policy_loss_fn,
     register_adv_est, register_policy_loss, registered_adv_estimators, registered_policy_losses
@@ -49,4 +54,5 @@ __all__ = ["ADV_ESTIMATOR_REGISTRY", "AdvantageEstimator", "POLICY_LOSS_REGISTRY
            "compute_policy_loss_cispo", "compute_policy_loss_clip_cov", "compute_policy_loss_gpg",
            "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "compute_policy_loss_vanilla",
            "compute_value_loss", "AdaptiveKLController", "FixedKLController", "KL_PENALTY_TYPES", "apply_kl_penalty",
-           "get_kl_controller", "kl_penalty"]
+           "get_kl_controller", "kl_penalty", "compute_offpolicy_metrics", "compute_policy_loss_bypass_mode",
+           "compute_rollout_correction_weights", "compute_rollout_rejection_mask", "rollout_correction"]

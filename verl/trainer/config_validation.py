@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config import ConfigError, batch_checks, checks, lora_checks, multi_turn_checks, unused_keys
+from verl.trainer.config import (ConfigError, batch_checks, checks, lora_checks, multi_turn_checks, off_policy_checks,
+                                 unused_keys)
 from verl.trainer.config.checks import Issue, Run, check_types
 from verl.trainer.config import PPO_CONFIG_NAME
 from verl.trainer.config.compose import compose_ppo_config, default_config_values
@@ -35,7 +36,7 @@ CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
     checks.check_kl_estimators, checks.check_strategies, checks.check_rollout_engine, checks.check_loggers,
     checks.check_backend, checks.check_ranges, checks.check_sampling, checks.check_combinations,
     batch_checks.check_micro_batch_pairs, batch_checks.check_batch_sizes, batch_checks.check_dynamic_sampling,
-    lora_checks.check_lora, multi_turn_checks.check_multi_turn,
+    lora_checks.check_lora, multi_turn_checks.check_multi_turn, off_policy_checks.check_rollout_correction,
     unused_keys.check_other_backend_keys, unused_keys.check_not_implemented,
 )
 

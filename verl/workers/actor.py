@@ -82,7 +82,7 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
             if key.split("/", 1)[-1] in LOSS_METRICS and key.startswith(f"{role}/"):
                 mini_batch_loss = sum(float(v) * m.meta_info["loss_scale"] for v, m in zip(values, micros))
                 losses[key] = losses.get(key, 0.0) + mini_batch_loss
-            elif key.startswith(f"{role}/"):
+            elif "/" in key:  # <role>/..., and a loss's own groups (rollout_corr/...); not the engine's grad_norm, lr
                 metrics[key].extend(values)
         metrics[f"{role}/grad_norm"].append(stats["grad_norm"])
         metrics[f"{role}/lr"].append(stats["lr"])
@@ -164,7 +164,8 @@ class DataParallelPPOActor:
                              f"(ppo_epochs=1 and one mini-batch of all {len(data)} rows), but ppo_epochs={epochs} "
                              f"and the mini-batch holds {self.mini_batch_size} rows: call compute_log_prob first")
         check_finite(data, "advantages", "update_actor")
-        data = data.select(batch_keys=required, non_tensor_batch_keys=[])
+        data = data.select(batch_keys=required + [k for k in ("rollout_is_weights",) if k in present],
+                           non_tensor_batch_keys=[])
         recorded = None
         if fuse_old:
             data.batch["row_index"] = torch.arange(len(data), device=data.batch["input_ids"].device)
@@ -181,7 +182,9 @@ class DataParallelPPOActor:
         are this forward's, detached, and they and the entropy are written into ``recorded`` at the
         micro-batch's ``row_index``."""
         config = self.config
-        policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        # Bypass mode: the old log-probs are the rollout's, and its loss applies the rollout correction itself.
+        bypass = config.policy_loss.rollout_correction.bypass_mode
+        policy_loss_fn = get_policy_loss_fn("bypass_mode" if bypass else config.policy_loss.loss_mode)
         agg_mode, scale_factor = config.loss_agg_mode, config.loss_scale_factor
         entropy_coeff = float(config.entropy_coeff)
         report_entropy = entropy_coeff != 0 or config.calculate_entropy
@@ -201,11 +204,14 @@ class DataParallelPPOActor:
                 recorded["entropys"][batch["row_index"]] = entropy.detach()
             else:
                 old_log_prob = batch["old_log_probs"]
+            weights = {"rollout_is_weights": batch["rollout_is_weights"]} if "rollout_is_weights" in batch else {}
             pg_loss, pg_metrics = policy_loss_fn(
                 old_log_prob=old_log_prob, log_prob=log_prob, advantages=batch["advantages"],
-                response_mask=mask, loss_agg_mode=agg_mode, config=config)
+                response_mask=mask, loss_agg_mode=agg_mode, config=config, **weights)
             loss = pg_loss
-            metrics = {"actor/pg_loss": pg_loss.detach(), **{f"actor/{k}": v for k, v in pg_metrics.items()}}
+            # A loss's own metrics are actor/<name>; names with a group of their own (rollout_corr/...) stay.
+            metrics = {"actor/pg_loss": pg_loss.detach(),
+                       **{k if "/" in k else f"actor/{k}": v for k, v in pg_metrics.items()}}
             if report_entropy:
                 entropy_mean = agg_loss(entropy, mask, agg_mode, scale_factor)
                 if entropy_coeff != 0:

@@ -632,3 +632,35 @@ def test_local_backend_has_one_worker_and_no_pools():
     message = problems("trainer.backend=local", "trainer.n_gpus_per_node=2", "critic.enable_resource_pool=true")
     assert "- trainer.n_gpus_per_node: is 2, but the local backend runs one worker in this process" in message
     assert "- critic.enable_resource_pool: the local backend has one process" in message
+
+
+RC = "algorithm.rollout_correction"
+
+
+@pytest.mark.parametrize("overrides, key, expected", [
+    ([f"{RC}.rollout_is=token"], "actor_rollout_ref.rollout.calculate_log_probs",
+     "rollout_is needs the rollout's own log-probs"),
+    ([f"{RC}.bypass_mode=true"], "actor_rollout_ref.rollout.calculate_log_probs", "bypass_mode needs"),
+    ([f"{RC}.rollout_is=tokens", "actor_rollout_ref.rollout.calculate_log_probs=true"], f"{RC}.rollout_is", "token"),
+    ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0", "actor_rollout_ref.rollout.calculate_log_probs=true"],
+     f"{RC}.rollout_is_threshold", "must be a number > 0"),
+    ([f"{RC}.rollout_rs=token_k4", "actor_rollout_ref.rollout.calculate_log_probs=true"], f"{RC}.rollout_rs",
+     "unknown criterion ['token_k4']"),
+    ([f"{RC}.rollout_rs=token_k1", "actor_rollout_ref.rollout.calculate_log_probs=true"], f"{RC}.rollout_rs_threshold",
+     "give one threshold per criterion"),
+    ([f"{RC}.loss_type=ppo"], f"{RC}.loss_type", "ppo_clip"),
+])
+def test_rollout_correction_mistakes_name_the_key(overrides, key, expected):
+    text = problems(*overrides)
+    assert f"- {key}: " in text and expected in text, text
+
+
+def test_rollout_correction_settings_pass_and_reach_the_actor():
+    overrides = [f"{RC}.rollout_rs='token_k1,seq_max_k2'", f"{RC}.rollout_rs_threshold='0.5_2.0,1.5'",
+                 f"{RC}.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=true"]
+    validate(*overrides)
+    from verl.trainer.config.spec import resolve_run
+
+    spec = resolve_run(compose_ppo_config([*SEED, *overrides]), choose_checkpointing=False)
+    assert spec.actor_rollout_ref.actor.policy_loss.rollout_correction == spec.algorithm.rollout_correction
+    assert spec.algorithm.rollout_correction.bypass_mode and not spec.old_log_prob_in_update

@@ -16,7 +16,7 @@ from verl.utils.lazy import lazy_exports
 PPO_CONFIG_NAME = "ppo_trainer"
 
 _EXPORTS = {name: ".algorithm" for name in ("AlgoConfig", "FilterGroupsConfig", "KLControlConfig",
-                                            "PPOAlgorithmConfig")}
+                                            "PPOAlgorithmConfig", "RolloutCorrectionConfig")}
 _EXPORTS.update({name: ".config" for name in ("CheckpointConfig", "CustomRewardFunctionConfig", "DataConfig",
                                               "SFTDataConfig", "TrainerConfig")})
 __all__ = ["CONFIG_DIR", "ConfigError", "PPO_CONFIG_NAME", *sorted(_EXPORTS)]

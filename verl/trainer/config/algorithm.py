@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from verl.base_config import BaseConfig, section
 
-__all__ = ["AlgoConfig", "FilterGroupsConfig", "KLControlConfig", "PPOAlgorithmConfig"]
+__all__ = ["AlgoConfig", "FilterGroupsConfig", "KLControlConfig", "PPOAlgorithmConfig", "RolloutCorrectionConfig"]
 
 
 @section("algorithm.kl_ctrl")
@@ -27,6 +27,25 @@ class FilterGroupsConfig(BaseConfig):
     enable: bool
     metric: str | None
     max_num_gen_batches: int
+
+
+@section("algorithm.rollout_correction")
+class RolloutCorrectionConfig(BaseConfig):
+    """Importance weights and rejection for samples another policy version (or the rollout's numerics) generated:
+    see :mod:`verl.algorithms.rollout_correction`."""
+
+    rollout_is: str | None
+    rollout_is_threshold: float
+    rollout_is_batch_normalize: bool
+    rollout_rs: str | None
+    rollout_rs_threshold: str | float | None
+    bypass_mode: bool
+    loss_type: str
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is computed from the rollout's log-probs (weights, rejection, or bypass mode)."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
 
 
 @section("algorithm")
@@ -49,6 +68,7 @@ class PPOAlgorithmConfig(BaseConfig):
     use_pf_ppo: bool
     pf_ppo: dict
     filter_groups: FilterGroupsConfig
+    rollout_correction: RolloutCorrectionConfig
     kl_coef: InitVar[float | None] = None
 
     def __post_init__(self, extra: dict | None = None, kl_coef: float | None = None) -> None:

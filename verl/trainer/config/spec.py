@@ -100,9 +100,11 @@ class RunSpec:
     @property
     def old_log_prob_in_update(self) -> bool:
         """An on-policy update (one epoch, one mini-batch of the whole batch) with nothing reading the old
-        log-probs before it: they are the update's first forward, so the separate pass is skipped."""
+        log-probs before it (no KL in the reward, no rollout correction): they are the update's first forward,
+        so the separate pass is skipped."""
         actor = self.actor_rollout_ref.actor
         return (actor.ppo_epochs == 1 and not self.algorithm.use_kl_in_reward
+                and not self.algorithm.rollout_correction.enabled
                 and actor.ppo_mini_batch_size == self.data.train_batch_size)
 
     def unset_checkpointing(self) -> list[str]:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller
+from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller, rollout_correction
 from verl.data import create_rl_sampler, make_dataloader
 from verl.protocol import DataProto, object_array
 from verl.trainer.config.spec import prompts_per_round, resolve_run
@@ -271,6 +271,20 @@ class RayPPOTrainer:
                                                       batch.batch["response_mask"]))
         return batch
 
+    @staticmethod
+    def _correct_for_rollout(batch: DataProto, correction, metrics: dict) -> None:
+        """Decoupled rollout correction (``algorithm.rollout_correction``) against pi_old: rejected tokens leave
+        ``response_mask``, IS weights go to the update as ``rollout_is_weights``, ``rollout_corr/*`` is logged."""
+        weights, mask, corr_metrics = rollout_correction(
+            batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"],
+            rollout_is=correction.rollout_is, rollout_is_threshold=correction.rollout_is_threshold,
+            rollout_is_batch_normalize=correction.rollout_is_batch_normalize, rollout_rs=correction.rollout_rs,
+            rollout_rs_threshold=correction.rollout_rs_threshold)
+        batch.batch["response_mask"] = mask
+        if weights is not None:
+            batch.batch["rollout_is_weights"] = weights
+        metrics.update(corr_metrics)
+
     def _mfu(self, batch: DataProto, timing_raw: dict) -> dict:
         """``perf/mfu/actor`` and (with a critic) ``perf/mfu/critic``: model FLOPs of each update over its time."""
         metrics = {}
@@ -307,9 +321,14 @@ class RayPPOTrainer:
             scores = batch.batch["token_level_scores"]
             update_actor = config.trainer.critic_warmup <= self.global_steps
             fused_old_log_prob = config.old_log_prob_in_update and update_actor
-            if not fused_old_log_prob:
+            correction = config.algorithm.rollout_correction
+            if correction.bypass_mode:  # the rollout's log-probs are the old policy's: no pass to compute them
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+            elif not fused_old_log_prob:
                 with simple_timer("old_log_prob", timing_raw):
                     batch = self._add_old_log_probs(batch, groups.actor_rollout.compute_log_prob(batch), metrics)
+                if "rollout_log_probs" in batch.batch:
+                    self._correct_for_rollout(batch, correction, metrics)
             if self.use_reference_policy:
                 with simple_timer("ref", timing_raw):
                     batch = batch.union(groups.actor_rollout.compute_ref_log_prob(batch))

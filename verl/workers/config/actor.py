@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.base_config import BaseConfig, section
+from verl.trainer.config.algorithm import RolloutCorrectionConfig
 from verl.trainer.config.config import CheckpointConfig
 from verl.workers.config.engine import FSDPConfig
 from verl.workers.config.model import ModelConfig
@@ -24,6 +25,7 @@ class PolicyLossConfig(BaseConfig):
     clip_cov_ub: float
     kl_cov_ratio: float
     ppo_kl_coef: float
+    rollout_correction: RolloutCorrectionConfig  # = algorithm.rollout_correction (the bypass-mode loss reads it)
 
 
 @section("actor_rollout_ref.actor")
