@@ -10,6 +10,7 @@ OLD_AND_NEW = [
     ("verl.trainer.ppo.core_algos", "verl.algorithms"),
     ("verl.trainer.ppo.core_algos.advantage", "verl.algorithms.advantage"),
     ("verl.trainer.ppo.reward", "verl.rewards.loading"),
+    ("verl.trainer.ppo.rollout_corr_helper", "verl.algorithms.rollout_correction"),
     ("verl.utils.reward_score", "verl.rewards.scorers"),
     ("verl.utils.reward_score.gsm8k", "verl.rewards.scorers.gsm8k"),
     ("verl.utils.reward_score.prime_math.grader", "verl.rewards.scorers.prime_math.grader"),
