@@ -23,6 +23,11 @@ has the continuation, only its tokens are prefilled into the slot, attending to 
 slot already holds (:func:`~verl.workers.rollout.native.model.extend`), and the row decodes on. So no
 episode waits for the others' turns, and no context is computed twice.
 
+The asynchronous trainer modes keep groups running across calls (:meth:`NativeRollout.generate_stream`,
+:mod:`~verl.workers.rollout.native.stream`): a call returns once enough groups have finished, and the rows still
+running resume in a later call, with the weights of that moment (partial rollout). The scheduler of both is
+:class:`~verl.workers.rollout.native.scheduler.Run`.
+
 Decode is captured as one CUDA graph per batch-size bucket (``enforce_eager=True`` runs it eagerly,
 as on CPU). Graphs hold the addresses of the weights and of the cache, so they are recaptured when
 either moved.
@@ -30,41 +35,17 @@ either moved.
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
-from collections import deque
-
-import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import (BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output,
-                                       check_left_padded, wait_for_continuations)
+from verl.workers.rollout.base import BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output, check_left_padded
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
-from verl.workers.rollout.native.model import DecoderWeights, decode, extend, prefill
-from verl.workers.rollout.native.sampling import sample
+from verl.workers.rollout.native.model import DecoderWeights
+from verl.workers.rollout.native.scheduler import Run, SlotState
+from verl.workers.rollout.native.stream import StreamRun
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
 
 __all__ = ["NativeRollout"]
-
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-
-
-def _bucket(b: int, num_slots: int) -> int:
-    return min(next((x for x in BUCKETS if x >= b), num_slots), num_slots)
-
-
-class _SlotState:
-    """Per-slot device tensors the decode step reads and updates (fixed addresses for the graphs)."""
-
-    def __init__(self, num_slots: int, device: torch.device):
-        self.tokens, self.write_pos, self.start, self.row, self.step = torch.zeros(5, num_slots, dtype=torch.long,
-                                                                                   device=device)
-        self.live = torch.zeros(num_slots, dtype=torch.bool, device=device)
-        self.slot_ids = torch.arange(num_slots, device=device)
-
-    def tensors(self):
-        return self.tokens, self.write_pos, self.start, self.row, self.step, self.live
 
 
 class _DecodeGraphs:
@@ -122,10 +103,11 @@ class NativeRollout(BaseRollout):
         super().__init__(config, module, tokenizer)
         self.weights = DecoderWeights(module)
         self.cache: SlotCache | None = None
-        self.state: _SlotState | None = None
+        self.state: SlotState | None = None
         self.graphs = _DecodeGraphs()
         self.profile = False
         self.last_stats: dict = {}
+        self.stream: StreamRun | None = None  # the asynchronous trainer's groups in flight
 
     def free_cache(self) -> None:
         """Release the KV cache and the captured graphs (their memory pool)."""
@@ -150,6 +132,49 @@ class NativeRollout(BaseRollout):
         return EpisodeTokens(responses.masked_fill(~inside, params.pad_token_id).cpu(), generated.long().cpu(),
                              log_probs.masked_fill(~generated, 0.0).cpu(), lengths)
 
+    @torch.no_grad()
+    def generate_stream(self, prompts: DataProto | None, version: int, until_groups: int, wait_uids=(),
+                        cancel_uids=()) -> tuple[DataProto | None, dict]:
+        """One call of the asynchronous trainer's rollout (:mod:`~verl.workers.rollout.native.stream`): drop the
+        groups in ``cancel_uids``, queue ``prompts`` (one group of ``n`` samples each, named by
+        ``non_tensor_batch['uid']``), decode with the current weights (policy ``version``) until
+        ``until_groups`` groups have finished and those in ``wait_uids`` too, and suspend the rest.
+
+        Returns the finished groups' rows as :func:`build_rollout_output` builds them (prompts as submitted),
+        with ``rollout_min_version``/``rollout_max_version`` per row in ``non_tensor_batch`` (the policy
+        versions of its first and last generated tokens), or None; and the call's statistics."""
+        self.weights.bind()
+        if self.stream is None:
+            params = self.sampling_params({})
+            self.stream = StreamRun(self, params, width=int(self.config.prompt_length))
+        stream = self.stream
+        cancelled = stream.cancel(cancel_uids) if len(cancel_uids) else 0
+        if prompts is not None and len(prompts):
+            check_left_padded(prompts.batch["attention_mask"])
+            stream.add(prompts)
+        waiting = sum(stream.n - g.done for g in stream.groups.values())
+        stats = {"cancelled_groups": cancelled}
+        if waiting:
+            self._ensure_cache(waiting, self._cache_length(stream.width, stream.params.response_length))
+            try:
+                stats.update(stream.run(version, self._generator({}), until_groups, wait_uids))
+            finally:
+                self.last_stats = stream.stats
+                stream.suspend()
+                if self.config.free_cache_engine:
+                    self.free_cache()
+        groups, tokens, log_probs, first, last = stream.take_finished()
+        stats.update(finished_groups=len(groups), in_flight_groups=len(stream))
+        if not groups:
+            return None, stats
+        output = build_rollout_output(DataProto.concat([g.prompt for g in groups]), tokens, log_probs, stream.params)
+        output.non_tensor_batch.update(rollout_min_version=first, rollout_max_version=last)
+        return output, stats
+
+    def reset_stream(self) -> None:
+        """Forget every group of the asynchronous rollout (a run resumed from a checkpoint submits its own)."""
+        self.stream = None
+
     def _generate(self, prompts: DataProto, params, on_turn):
         check_left_padded(prompts.batch["attention_mask"])
         self.weights.bind()
@@ -157,17 +182,9 @@ class NativeRollout(BaseRollout):
         input_ids = prompts.batch["input_ids"].to(device)
         valid = prompts.batch["attention_mask"].to(device).bool()
         batch, width = input_ids.shape
-        rows, length = batch * params.n, params.response_length
-        max_model_len = self.config.max_model_len or 0
-        if max_model_len and width + length > int(max_model_len):
-            raise ValueError(f"prompt width {width} + response_length {length} exceeds "
-                             f"actor_rollout_ref.rollout.max_model_len={max_model_len}")
-        max_len = -(-(width + length) // 16) * 16
-        self._ensure_cache(rows, max_len)
-        seed = prompts.meta_info.get("seed")
-        seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
-        generator = torch.Generator(device=device).manual_seed(seed)
-        run = _Run(self, params, input_ids, valid, generator, on_turn)
+        self._ensure_cache(batch * params.n, self._cache_length(width, params.response_length))
+        generator = self._generator(prompts.meta_info)
+        run = Run(self, params, input_ids, valid, generator, on_turn)
         try:
             responses, log_probs = run.generate()
         finally:
@@ -175,6 +192,20 @@ class NativeRollout(BaseRollout):
             if self.config.free_cache_engine:
                 self.free_cache()
         return responses, log_probs, run
+
+    def _cache_length(self, width: int, length: int) -> int:
+        """Columns of a slot: prompt width + response length, rounded up to 16."""
+        max_model_len = self.config.max_model_len or 0
+        if max_model_len and width + length > int(max_model_len):
+            raise ValueError(f"prompt width {width} + response_length {length} exceeds "
+                             f"actor_rollout_ref.rollout.max_model_len={max_model_len}")
+        return -(-(width + length) // 16) * 16
+
+    def _generator(self, meta_info: dict) -> torch.Generator:
+        """The call's sampling generator: seeded by ``meta_info['seed']``, else by a draw from torch's RNG."""
+        seed = meta_info.get("seed")
+        seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else int(seed)
+        return torch.Generator(device=self.weights.device).manual_seed(seed)
 
     def _ensure_cache(self, rows: int, max_len: int) -> None:
         w = self.weights
@@ -189,278 +220,4 @@ class NativeRollout(BaseRollout):
         slots = plan_slots(rows, int(self.config.max_num_seqs), per_slot, w.device,
                            float(self.config.gpu_memory_utilization), reserve)
         self.cache = SlotCache(w.num_layers, slots, w.num_kv_heads, max_len, w.head_dim, w.dtype, w.device)
-        self.state = _SlotState(slots, w.device)
-
-
-class _Run:
-    """The scheduler of one ``generate_sequences`` call, or of one ``generate_episodes`` call (``on_turn``)."""
-
-    def __init__(self, engine: NativeRollout, params, input_ids, valid, generator, on_turn=None):
-        self.engine, self.params, self.generator, self.on_turn = engine, params, generator, on_turn
-        self.w, self.cache, self.state = engine.weights, engine.cache, engine.state
-        self.input_ids, self.valid = input_ids, valid
-        self.width = input_ids.shape[1]
-        self.pads = (~valid).sum(dim=1).tolist()
-        self.rows = input_ids.shape[0] * params.n
-        self.device = device = input_ids.device
-        # Row ``rows`` is a sink for the writes of slots that are not running.
-        self.out_tokens = torch.full((self.rows + 1, params.response_length), params.pad_token_id,
-                                     dtype=torch.long, device=device)
-        self.out_log_probs = torch.zeros((self.rows + 1, params.response_length), dtype=torch.float32, device=device)
-        self.eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
-        num_slots = self.cache.num_slots
-        self.slot_row = np.full(num_slots, -1)  # host view: which row a slot runs (-1: free)
-        self.slot_steps = np.zeros(num_slots, dtype=np.int64)
-        self.waiting = deque(range(self.rows))
-        # Episodes: a slot whose row waits for its continuation is paused; pending[row] is that future.
-        self.paused = np.zeros(num_slots, dtype=bool)
-        self.pending: dict[int, concurrent.futures.Future] = {}
-        self.ready_since: dict[int, int] = {}  # row -> decode step at which its continuation was seen ready
-        self.turn_start = np.zeros(self.rows, dtype=np.int64)  # response step where the row's turn began
-        self.lengths = np.zeros(self.rows, dtype=np.int64)  # response tokens of a row once its turn ended
-        self.generated = (torch.ones((self.rows + 1, params.response_length), dtype=torch.bool, device=device)
-                          if on_turn is not None else None)  # episodes only: False on continuation tokens
-        for t in self.state.tensors():
-            t.zero_()
-        self.state.row.fill_(self.rows)
-        self.use_graphs = device.type == "cuda" and not engine.config.enforce_eager
-        if self.use_graphs:
-            # Graphs read the weights, the cache and the RoPE table by address: a new one of any means recapture.
-            engine.graphs.validate((self.w.pointers(), self.cache.pointers(), self.w.rope_pointers(self.cache.max_len)))
-        self.sync_every = 4 if device.type == "cuda" else 1
-        self.resume_wait, self.resume_batch = 4 * self.sync_every, 16
-        self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
-        self.chunk_tokens = max(1, int(engine.config.max_num_batched_tokens))
-        self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                      "graph_captures": 0, "turns": 0, "extend_s": 0.0, "idle_s": 0.0}
-
-    def generate(self) -> tuple[torch.Tensor, torch.Tensor]:
-        captures = self.engine.graphs.captures
-        self._admit()
-        while (self.slot_row >= 0).any():
-            running = np.flatnonzero((self.slot_row >= 0) & ~self.paused)
-            if len(running):
-                self._decode(running)
-            elif self.pending:  # every occupied slot waits for its continuation
-                self.stats["idle_s"] += wait_for_continuations(list(self.pending.values()))
-            if self.pending:
-                self._resume(force=not len(running))
-            if self.waiting:
-                self._admit()
-            else:
-                self._compact()
-        self.stats["graph_captures"] = self.engine.graphs.captures - captures
-        return self.out_tokens[: self.rows], self.out_log_probs[: self.rows]
-
-    def _decode(self, running: np.ndarray) -> None:
-        """Decode the running slots until the next time the host must look: a free slot to refill, a
-        continuation that may be ready, or the shortest remaining budget."""
-        steps = int((self.params.response_length - self.slot_steps[running]).min())
-        if self.waiting or self.pending:
-            steps = min(steps, self.sync_every)
-        elif self.eos.numel():  # rows may stop early: look now and then, to pack the rest into fewer slots
-            steps = min(steps, 4 * self.sync_every)
-        b = _bucket(int(running.max()) + 1, self.cache.num_slots)
-        tic = self._tic()
-        for _ in range(max(steps, 0)):
-            self._decode_step(b)
-        self.slot_steps[running] += max(steps, 0)
-        self.stats["decode_steps"] += max(steps, 0)
-        live = self.state.live[: int(running.max()) + 1].tolist()
-        self.stats["decode_s"] += self._toc(tic)
-        stopped = [int(slot) for slot in running if not live[slot]]
-        if self.on_turn is None:
-            self.slot_row[stopped] = -1
-        elif stopped:
-            self._end_turns(stopped)
-
-    def _end_turns(self, slots: list[int]) -> None:
-        """Hand each stopped row's turn to ``on_turn``; its slot (and cache) waits for the continuation."""
-        rows = self.slot_row[slots]
-        steps = self.state.step[torch.tensor(slots, device=self.device)].tolist()
-        index = torch.tensor(rows, device=self.device)
-        tokens, log_probs = self.out_tokens[index].tolist(), self.out_log_probs[index].tolist()
-        for i, (slot, row, step) in enumerate(zip(slots, rows.tolist(), steps)):
-            begin = int(self.turn_start[row])
-            self.lengths[row] = step
-            self.paused[slot] = True
-            self.stats["turns"] += 1
-            self.pending[row] = self.on_turn(row, tokens[i][begin:step], log_probs[i][begin:step], step)
-
-    def _resume(self, force: bool) -> None:
-        """Rows whose continuation is ready: extend their slots with it, or free them (episode over).
-
-        Continuations are batched: they are taken once ``resume_batch`` are ready, once the first of them
-        has waited ``resume_wait`` decode steps, or at once when nothing else runs (each extend call costs
-        a pass over all layers, whatever its size)."""
-        ready = {}
-        for row in [row for row, future in self.pending.items() if future.done()]:
-            more = list(self.pending[row].result() or [])
-            if more and self.lengths[row] + len(more) < self.params.response_length:
-                ready[row] = more
-                continue
-            # The episode is over: its slot is free at once (only real continuations are batched).
-            del self.pending[row]
-            self.ready_since.pop(row, None)
-            slot = int(np.flatnonzero(self.slot_row == row)[0])
-            self.slot_row[slot], self.paused[slot] = -1, False
-        if not ready:
-            return
-        now = self.stats["decode_steps"]
-        first = min(self.ready_since.setdefault(row, now) for row in ready)
-        if not force and len(ready) < self.resume_batch and now - first < self.resume_wait:
-            return
-        extend_rows = []
-        for row, more in ready.items():
-            del self.pending[row]
-            self.ready_since.pop(row)
-            slot = int(np.flatnonzero(self.slot_row == row)[0])
-            self.paused[slot] = False
-            extend_rows.append((slot, row, more))
-        # Chunks of at most max_num_batched_tokens fed tokens, and attention scores (fed tokens x heads x
-        # cache columns) of at most 2**28 elements.
-        width = max(len(more) for _, _, more in extend_rows) + 1
-        per_chunk = max(1, min(self.chunk_tokens // width, 2**28 // (width * self.w.num_heads * self.cache.max_len)))
-        for i in range(0, len(extend_rows), per_chunk):
-            self._extend(extend_rows[i:i + per_chunk])
-
-    def _extend(self, items: list[tuple[int, int, list[int]]]) -> None:
-        tic = self._tic()
-        s, device, pad = self.state, self.device, self.params.pad_token_id
-        slots = torch.tensor([slot for slot, _, _ in items], device=device)
-        rows = torch.tensor([row for _, row, _ in items], device=device)
-        begin = torch.tensor([int(self.lengths[row]) for _, row, _ in items], device=device)
-        counts = torch.tensor([len(more) for _, _, more in items], device=device)
-        width = int(counts.max()) + 1
-        # Each row feeds its last sampled token (its eos, as recorded: a paused slot's state and the cache
-        # column after its turn are scratch for the decode steps that ran meanwhile), then the continuation;
-        # the token sampled after it is the next turn's first.
-        fed = torch.tensor([[pad] + more + [pad] * (width - 1 - len(more)) for _, _, more in items], device=device)
-        fed[:, 0] = self.out_tokens[rows, begin - 1]
-        # Host arithmetic, no device sync: a row's eos sits at cache column width + (its response length - 1).
-        span = self.width + max(int(self.lengths[row]) + len(more) for _, row, more in items)
-        logits = extend(self.w, self.cache, fed, counts + 1, s.write_pos[slots], s.start[slots], slots, span)
-        tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
-        # The continuation goes into the response (not generated: log-prob 0, masked out of training).
-        at = torch.arange(width - 1, device=device)
-        inside = at[None] < counts[:, None]
-        cont_rows = rows[:, None].expand(-1, width - 1)[inside]
-        cont_steps = (begin[:, None] + at[None])[inside]
-        self.out_tokens[cont_rows, cont_steps] = fed[:, 1:][inside]
-        self.out_log_probs[cont_rows, cont_steps] = 0.0
-        self.generated[cont_rows, cont_steps] = False
-        step = begin + counts  # response step of the token just sampled
-        self._record(rows, step, tokens, log_probs)
-        s.tokens[slots] = tokens
-        s.write_pos[slots] += counts + 1
-        s.step[slots] = step + 1
-        s.live[slots] = ~self._stops(tokens, step + 1)
-        for slot, row, more in items:
-            self.slot_steps[slot] = self.lengths[row] + len(more) + 1
-            self.turn_start[row] = self.lengths[row] + len(more)
-        self.stats["extend_s"] += self._toc(tic)
-
-    def _tic(self) -> float:
-        if self.engine.profile and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def _toc(self, tic: float) -> float:
-        return self._tic() - tic
-
-    def _seed(self) -> int:
-        """A fresh 31-bit key per sampling call for the fused CUDA sampler (host-side: no device sync),
-        derived from the call's seed."""
-        self.draws += 1
-        return (self.seed_base + self.draws * 0x9E3779B1) % (2**31 - 1)
-
-    def _decode_step(self, b: int) -> None:
-        s, w, cache = self.state, self.w, self.cache
-
-        def step():
-            return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b])
-
-        logits = self.engine.graphs.run(b, step) if self.use_graphs else step()
-        tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
-        active = s.live[:b]
-        self._record(torch.where(active, s.row[:b], self.rows), s.step[:b], tokens, log_probs)
-        done = self._stops(tokens, s.step[:b] + 1)
-        s.step[:b] += active
-        s.write_pos[:b] += active
-        s.live[:b] = active & ~done
-        s.tokens[:b] = tokens
-
-    def _record(self, rows, steps, tokens, log_probs) -> None:
-        steps = steps.clamp(max=self.params.response_length - 1)
-        self.out_tokens[rows, steps] = tokens
-        self.out_log_probs[rows, steps] = log_probs
-
-    def _stops(self, tokens: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
-        done = generated >= self.params.response_length
-        if self.eos.numel():
-            done |= torch.isin(tokens, self.eos)
-        return done
-
-    def _admit(self) -> None:
-        """Fill free slots with waiting rows; each chunk prefills its distinct prompts once."""
-        tic = self._tic()
-        n = self.params.n
-        free = [int(x) for x in np.flatnonzero(self.slot_row < 0)]
-        per_chunk = max(1, self.chunk_tokens // self.width)
-        while free and self.waiting:
-            chunk_rows, prompts = [], []
-            while self.waiting and len(chunk_rows) < len(free):
-                prompt = self.waiting[0] // n
-                if prompt not in prompts:
-                    if len(prompts) == per_chunk:
-                        break
-                    prompts.append(prompt)
-                chunk_rows.append(self.waiting.popleft())
-            slots, free = free[: len(chunk_rows)], free[len(chunk_rows):]
-            self._prefill(prompts, chunk_rows, slots)
-        self.stats["prefill_s"] += self._toc(tic)
-
-    def _prefill(self, prompts: list[int], rows: list[int], slots: list[int]) -> None:
-        n, device, s = self.params.n, self.device, self.state
-        index = {p: i for i, p in enumerate(prompts)}
-        sources = torch.tensor([index[r // n] for r in rows], device=device)
-        slots_t = torch.tensor(slots, device=device)
-        rows_t = torch.tensor(rows, device=device)
-        first_col = min(self.pads[p] for p in prompts)
-        prompt_t = torch.tensor(prompts, device=device)
-        logits = prefill(self.w, self.cache, self.input_ids[prompt_t, first_col:], self.valid[prompt_t, first_col:],
-                         first_col, slots_t, sources)
-        tokens, log_probs = sample(logits[sources], self.params, self.generator, self._seed())
-        zeros = torch.zeros_like(rows_t)
-        self._record(rows_t, zeros, tokens, log_probs)
-        s.tokens[slots_t] = tokens
-        s.write_pos[slots_t] = self.width
-        s.start[slots_t] = torch.tensor([self.pads[r // n] for r in rows], device=device)
-        s.row[slots_t] = rows_t
-        s.step[slots_t] = 1
-        s.live[slots_t] = ~self._stops(tokens, zeros + 1)
-        self.slot_row[slots] = rows
-        self.slot_steps[slots] = 1
-
-    def _compact(self) -> None:
-        """Move running rows into the lowest slots when that lowers the decode batch bucket."""
-        running = np.flatnonzero(self.slot_row >= 0)
-        if not len(running):
-            return
-        count, num_slots = len(running), self.cache.num_slots
-        if _bucket(count, num_slots) >= _bucket(int(running.max()) + 1, num_slots):
-            return
-        movers = [int(x) for x in running if x >= count]
-        holes = [int(x) for x in np.flatnonzero(self.slot_row[:count] < 0)]
-        src = torch.tensor(movers, device=self.device)
-        dst = torch.tensor(holes, device=self.device)
-        self.cache.move(dst, src)
-        for t in self.state.tensors():
-            t[dst] = t[src]
-        self.state.live[src] = False
-        self.state.row[src] = self.rows
-        self.slot_row[holes] = self.slot_row[movers]
-        self.slot_steps[holes] = self.slot_steps[movers]
-        self.paused[holes] = self.paused[movers]
-        self.slot_row[movers] = -1
-        self.paused[movers] = False
+        self.state = SlotState(slots, w.device)

@@ -1,0 +1,310 @@
+"""Generation that outlives a call: the rollout of the asynchronous trainer modes (``trainer.v1.trainer_mode``).
+
+A :class:`StreamRun` holds prompt groups (the ``n`` samples of a prompt) from their submission until all their
+samples have finished, across any number of :meth:`StreamRun.run` calls. A call decodes, admitting new prompts
+into free slots as the synchronous scheduler does, until enough groups have finished (and the groups it was told
+to wait for); then the rows still running are *suspended*: their tokens and log-probs so far stay in the stream,
+and the KV cache may be freed so that training gets the memory back.
+
+When the stream runs again, usually with weights that an update changed, a suspended row is admitted by
+prefilling its prompt and the tokens it generated (their keys/values recomputed with the current weights), and
+it decodes on from where it stopped: *partial rollout*, as the original's V1 trainer does it. Its earlier tokens
+keep the log-probs of the policy that sampled them, so ``rollout_log_probs`` is always the behaviour policy's,
+and each sample records the first and the last policy version it generated tokens with.
+
+A call that finds no suspended row and asks for every group runs exactly the synchronous scheduler's steps, so
+an asynchronous trainer allowed no staleness reproduces the synchronous one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.workers.rollout.native.model import prefill
+from verl.workers.rollout.native.scheduler import Run
+
+__all__ = ["StreamRun"]
+
+
+@dataclass
+class _Group:
+    uid: str
+    seq: int  # submission order: older groups resume first
+    prompt: DataProto  # the prompt's row as submitted (CPU), for the output
+    done: int = 0  # samples finished
+
+
+class StreamRun(Run):
+    """Rows of prompt groups that live across calls; see the module docstring.
+
+    ``width`` is the prompt width every stream prompt is left-padded to (``rollout.prompt_length``). Rows are
+    ``prompt slot * n + sample``; prompt slots are reused once their group is taken.
+    """
+
+    def __init__(self, engine, params, width: int):
+        self.engine, self.params, self.on_turn = engine, params, None
+        self.w = engine.weights
+        self.device = device = engine.weights.device
+        self.width, self.n = int(width), params.n
+        self.eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
+        self.pending, self.ready_since, self.generated = {}, {}, None
+        self.sync_every = 4 if device.type == "cuda" else 1
+        self.chunk_tokens = max(1, int(engine.config.max_num_batched_tokens))
+        self.waiting: deque[int] = deque()  # rows never admitted
+        self.resuming: deque[int] = deque()  # rows suspended with tokens, to prefill again
+        self.groups: dict[int, _Group] = {}  # prompt slot -> its group
+        self.finished: list[int] = []  # prompt slots whose samples all finished, in finishing order
+        self.free_prompts: list[int] = []  # a heap: the lowest free prompt slot is taken first
+        self.cache = self.state = None
+        self.capacity, self.rows, self.next_seq, self.version = 0, 0, 0, 0
+        self.pads: list[int] = []
+        self._grow(8)
+
+    def __len__(self) -> int:
+        """Groups in the stream (running, waiting, suspended or finished and not yet taken)."""
+        return len(self.groups)
+
+    # ------------------------------------------------------------------ groups in and out
+    def add(self, prompts: DataProto) -> None:
+        """Queue left-padded prompts (one group of ``n`` rows each) behind those already waiting.
+
+        ``prompts.non_tensor_batch['uid']`` names the groups; ``input_ids``/``attention_mask`` are re-padded to
+        the stream's width."""
+        uids = prompts.non_tensor_batch["uid"]
+        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+        lengths = mask.sum(dim=1).tolist()
+        if max(lengths, default=0) > self.width:
+            raise ValueError(f"a prompt of {max(lengths)} tokens is longer than actor_rollout_ref.rollout.prompt_length"
+                             f"={self.width}, the width of the asynchronous rollout's prompts; raise "
+                             "data.max_prompt_length (the rollout's prompt_length follows it)")
+        if len(self.free_prompts) < len(uids):
+            self._grow(max(2 * self.capacity, self.capacity + len(uids)))
+        pad = self.params.pad_token_id
+        for i, uid in enumerate(uids):
+            p = heapq.heappop(self.free_prompts)
+            tokens = ids[i][mask[i]].to(self.device)
+            self.input_ids[p].fill_(pad)
+            self.valid[p].zero_()
+            self.input_ids[p, self.width - len(tokens):] = tokens
+            self.valid[p, self.width - len(tokens):] = True
+            self.pads[p] = self.width - len(tokens)
+            self.groups[p] = _Group(str(uid), self.next_seq, prompts[i:i + 1].to("cpu"))
+            self.next_seq += 1
+            rows = range(p * self.n, (p + 1) * self.n)
+            self._reset_rows(list(rows))
+            self.waiting.extend(rows)
+
+    def cancel(self, uids) -> int:
+        """Drop the groups named in ``uids`` wherever they are (a slot they run in is freed); returns how many."""
+        wanted = set(map(str, uids))
+        slots = [p for p, g in self.groups.items() if g.uid in wanted]
+        if not slots:
+            return 0
+        dropped_rows = {r for p in slots for r in range(p * self.n, (p + 1) * self.n)}
+        self.waiting = deque(r for r in self.waiting if r not in dropped_rows)
+        self.resuming = deque(r for r in self.resuming if r not in dropped_rows)
+        if self.state is not None:
+            running = [int(s) for s in np.flatnonzero(self.slot_row >= 0) if int(self.slot_row[s]) in dropped_rows]
+            if running:
+                index = torch.tensor(running, device=self.device)
+                self.state.live[index] = False
+                self.state.row[index] = self.rows
+                self.slot_row[running] = -1
+        self.finished = [p for p in self.finished if p not in slots]
+        self._release(slots)
+        return len(slots)
+
+    def take_finished(self) -> tuple[list[_Group], torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+        """The finished groups in finishing order, and their rows ``(G*n, R)``: tokens, log-probs, and the first
+        and last policy version each row generated with. Their prompt slots are free afterwards."""
+        slots, self.finished = self.finished, []
+        rows = [r for p in slots for r in range(p * self.n, (p + 1) * self.n)]
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        groups = [self.groups[p] for p in slots]
+        out = (groups, self.out_tokens[index], self.out_log_probs[index], self.min_version[rows].copy(),
+               self.max_version[rows].copy())
+        self._release(slots)
+        return out
+
+    def uids(self) -> list[str]:
+        return [g.uid for g in self.groups.values()]
+
+    # ------------------------------------------------------------------ running
+    def run(self, version: int, generator: torch.Generator, until_groups: int, wait_uids=()) -> dict:
+        """Decode until at least ``until_groups`` groups have finished (counting those finished earlier and not
+        yet taken) and every group named in ``wait_uids`` has, or until nothing is left to run; then suspend
+        the rows still running. The engine has allocated the cache. Returns the call's statistics."""
+        self.version = int(version)
+        self._attach(generator)
+        wait = set(map(str, wait_uids))
+        captures = self.engine.graphs.captures
+        self.stats.update(resumed=len(self.resuming), resume_prefill_s=0.0)
+
+        def satisfied() -> bool:
+            if len(self.finished) < until_groups:
+                return False
+            return not wait or not wait & {g.uid for p, g in self.groups.items() if g.done < self.n}
+
+        if not satisfied():
+            self._admit()
+            # The synchronous scheduler's loop (Run.generate), stopping early once the call has what it needs.
+            while (self.slot_row >= 0).any() and not satisfied():
+                self._decode(np.flatnonzero(self.slot_row >= 0))
+                if self.waiting or self.resuming:
+                    self._admit()
+                else:
+                    self._compact()
+        self.suspend()
+        self.stats["graph_captures"] = self.engine.graphs.captures - captures
+        return self.stats
+
+    def suspend(self) -> None:
+        """Keep the tokens of every running row, free its slot, and let go of the cache: the next run prefills
+        these rows again (with the weights it then has) before they decode on."""
+        if self.state is None:
+            return
+        occupied = np.flatnonzero(self.slot_row >= 0)
+        if len(occupied):
+            index = torch.tensor(occupied, device=self.device)
+            steps, live = self.state.step[index].tolist(), self.state.live[index].tolist()
+            rows = self.slot_row[occupied].tolist()
+            done = [row for row, alive in zip(rows, live) if not alive]  # stopped at the token just sampled
+            if done:
+                self._rows_done(done)
+            suspended = []
+            for row, step, alive in zip(rows, steps, live):
+                if alive:
+                    if step > self.epoch_start[row]:
+                        self._used_version(row)
+                    self.row_steps[row] = step
+                    suspended.append(row)
+            self.resuming.extend(suspended)
+            self.resuming = deque(sorted(self.resuming, key=lambda r: (self.groups[r // self.n].seq, r)))
+        self.slot_row[:] = -1
+        self.cache = self.state = None
+
+    # ------------------------------------------------------------------ the scheduler's hooks
+    def _decode(self, running: np.ndarray) -> None:
+        rows = self.slot_row[running].copy()
+        super()._decode(running)
+        stopped = rows[self.slot_row[running] < 0]
+        if len(stopped):
+            self._rows_done(stopped.tolist())
+
+    def _rows_waiting(self) -> bool:
+        return bool(self.waiting or self.resuming)
+
+    def _admit(self) -> None:
+        if self.resuming:
+            self._admit_suspended()
+        if self.waiting:
+            super()._admit()
+
+    def _admit_suspended(self) -> None:
+        """Prefill prompt + generated tokens of suspended rows into free slots, shortest first, in chunks of at most
+        ``max_num_batched_tokens`` tokens (at least one row)."""
+        tic = self._tic()
+        free = [int(x) for x in np.flatnonzero(self.slot_row < 0)]
+        take = [self.resuming.popleft() for _ in range(min(len(free), len(self.resuming)))]
+        take.sort(key=lambda r: self.row_steps[r])
+        chunk: list[int] = []
+        for row in take + [None]:
+            if row is not None:
+                grown = chunk + [row]
+                first_col = min(self.pads[r // self.n] for r in grown)
+                width = self.width - first_col + int(self.row_steps[row]) - 1
+                if not chunk or len(grown) * width <= self.chunk_tokens:
+                    chunk = grown
+                    continue
+            slots, free = free[: len(chunk)], free[len(chunk):]
+            self._prefill_suspended(chunk, slots)
+            chunk = [row] if row is not None else []
+        self.stats["resume_prefill_s"] += self._toc(tic)
+
+    def _prefill_suspended(self, rows: list[int], slots: list[int]) -> None:
+        n, device, s, pad = self.n, self.device, self.state, self.params.pad_token_id
+        rows_t = torch.tensor(rows, device=device)
+        slots_t = torch.tensor(slots, device=device)
+        prompts_t = torch.tensor([r // n for r in rows], device=device)
+        steps = self.row_steps[rows]
+        steps_t = torch.as_tensor(steps, device=device)
+        first_col = min(self.pads[r // n] for r in rows)
+        ids, valid = self.input_ids[prompts_t, first_col:], self.valid[prompts_t, first_col:]
+        extra = int(steps.max()) - 1  # the last sampled token is fed by the next decode step, as always
+        if extra > 0:
+            inside = torch.arange(extra, device=device)[None] < (steps_t - 1)[:, None]
+            ids = torch.cat([ids, self.out_tokens[rows_t, :extra].masked_fill(~inside, pad)], dim=1)
+            valid = torch.cat([valid, inside], dim=1)
+        prefill(self.w, self.cache, ids, valid, first_col, slots_t, torch.arange(len(rows), device=device))
+        s.tokens[slots_t] = self.out_tokens[rows_t, steps_t - 1]
+        s.write_pos[slots_t] = self.width + steps_t - 1
+        s.start[slots_t] = torch.tensor([self.pads[r // n] for r in rows], device=device)
+        s.row[slots_t] = rows_t
+        s.step[slots_t] = steps_t
+        s.live[slots_t] = True
+        self.slot_row[slots] = rows
+        self.slot_steps[slots] = steps
+        self.epoch_start[rows] = steps
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _rows_done(self, rows: list[int]) -> None:
+        for row in rows:
+            self._used_version(row)
+            group = self.groups[row // self.n]
+            group.done += 1
+            if group.done == self.n:
+                self.finished.append(row // self.n)
+
+    def _used_version(self, row: int) -> None:
+        if self.min_version[row] < 0:
+            self.min_version[row] = self.version
+        self.max_version[row] = self.version
+
+    def _reset_rows(self, rows: list[int]) -> None:
+        self.out_tokens[rows] = self.params.pad_token_id
+        self.out_log_probs[rows] = 0.0
+        self.row_steps[rows] = 0
+        self.epoch_start[rows] = 0
+        self.min_version[rows] = -1
+        self.max_version[rows] = -1
+
+    def _release(self, slots: list[int]) -> None:
+        for p in slots:
+            del self.groups[p]
+            heapq.heappush(self.free_prompts, p)
+
+    def _grow(self, capacity: int) -> None:
+        """Room for ``capacity`` prompt groups (buffers reallocated, contents kept)."""
+        old, n, length, device = self.capacity, self.n, self.params.response_length, self.device
+        old_sink, rows = self.rows, capacity * n
+
+        def grown(t: torch.Tensor | None, shape, fill, dtype, keep: int) -> torch.Tensor:
+            new = torch.full(shape, fill, dtype=dtype, device=device)
+            if t is not None and keep:
+                new[:keep] = t[:keep]
+            return new
+
+        pad = self.params.pad_token_id
+        self.input_ids = grown(getattr(self, "input_ids", None), (capacity, self.width), pad, torch.long, old)
+        self.valid = grown(getattr(self, "valid", None), (capacity, self.width), False, torch.bool, old)
+        # Row ``rows`` is the sink for the writes of slots that run nothing.
+        self.out_tokens = grown(getattr(self, "out_tokens", None), (rows + 1, length), pad, torch.long, old_sink)
+        self.out_log_probs = grown(getattr(self, "out_log_probs", None), (rows + 1, length), 0.0, torch.float32,
+                                   old_sink)
+        for name, fill in (("row_steps", 0), ("epoch_start", 0), ("min_version", -1), ("max_version", -1)):
+            new = np.full(rows, fill, dtype=np.int64)
+            if old:
+                new[: old * n] = getattr(self, name)
+            setattr(self, name, new)
+        self.pads += [self.width] * (capacity - old)
+        for p in range(old, capacity):
+            heapq.heappush(self.free_prompts, p)
+        self.capacity, self.rows = capacity, rows
+        if self.state is not None:  # slots that run nothing write to the new sink
+            self.state.row.masked_fill_(self.state.row == old_sink, rows)
