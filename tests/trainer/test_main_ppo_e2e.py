@@ -565,3 +565,63 @@ def test_rollout_correction_weighs_and_rejects_in_both_modes(mode, gsm8k_setup, 
     assert data["rollout_corr/rollout_rs_masked_fraction"] == 0.0
     assert ("timing_s/old_log_prob" in data) == (mode == "decoupled")
     assert ("training/rollout_probs_diff_mean" in data) == (mode == "decoupled")
+
+
+ASYNC = ["trainer.v1.trainer_mode=colocate_async"]
+
+
+def test_colocate_async_allowed_no_staleness_is_the_synchronous_run(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
+                                                                    ray_session):
+    """max_off_policy_threshold=0: one batch in flight, generated and trained at one version, cut over the two ranks
+    as the synchronous split cuts it: every learning metric equal, bit for bit."""
+    extra = [*GRPO, *varied_reward, "trainer.test_freq=-1", "trainer.save_freq=-1"]
+    _, sync = run(gsm8k_setup, tmp_path, "sync", *extra, monkeypatch=monkeypatch)
+    _, unstale = run(gsm8k_setup, tmp_path, "async0", *extra, *ASYNC, "trainer.v1.sampler.max_off_policy_threshold=0",
+                     monkeypatch=monkeypatch)
+    assert [r["step"] for r in unstale] == [1, 2]
+    for a, b in zip(sync, unstale):
+        assert learning_metrics(a) == learning_metrics(b)
+        assert b["data"]["async/staleness/max"] == 0 and b["data"]["async/in_flight_groups"] == 0
+
+
+def _prompts_of(tokenizer, dump_dir, steps, n) -> list[str]:
+    """The prompts trained at ``steps`` (rollout_data_dir dumps hold each of the n samples)."""
+    texts = [json.loads(line)["input"] for step in steps for line in open(os.path.join(dump_dir, f"{step}.jsonl"))]
+    counts = {t: texts.count(t) for t in texts}
+    assert set(counts.values()) == {n}
+    return sorted(counts)
+
+
+def _held_at(tokenizer, step_dir) -> list[str]:
+    """The prompts an asynchronous checkpoint holds: finished groups, groups in flight and queued prompts."""
+    import torch
+
+    state = torch.load(os.path.join(step_dir, "data.pt"), weights_only=False)["async_rollout"]
+    prompts = [g["prompt"] for g in state["groups"]] + list(state["queue"])
+    return sorted(tokenizer.decode(p.batch["input_ids"][0], skip_special_tokens=True) for p in prompts)
+
+
+def test_an_async_run_resumed_mid_run_trains_every_prompt_once(gsm8k_setup, varied_reward, tmp_path, monkeypatch):
+    """Checkpoint at step 2 of 4 while groups are in flight; the resumed run's steps 3-4, plus what it still
+    holds at the end, are the uninterrupted run's prompts: none lost, none trained twice (10 of the 12 prompts of
+    one epoch: 4 steps of 2, and the 2 groups in flight at the end)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gsm8k_setup["model"])
+    extra = [*GRPO, *varied_reward, *ASYNC, "trainer.v1.sampler.max_off_policy_threshold=1",
+             "trainer.v1.sampler.max_off_policy_strategy=wait", "trainer.backend=local", "trainer.n_gpus_per_node=1",
+             "data.train_batch_size=2", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
+    whole, records = run(gsm8k_setup, tmp_path, "whole", *extra, f"trainer.rollout_data_dir={tmp_path}/dump_whole",
+                         monkeypatch=monkeypatch)
+    assert max(r["data"]["async/staleness/max"] for r in records) == 1  # groups did run across an update
+    resumed, later = run(gsm8k_setup, tmp_path, "resumed", *extra, f"trainer.rollout_data_dir={tmp_path}/dump_resumed",
+                         "trainer.resume_mode=resume_path",
+                         f"trainer.resume_from_path={whole}/checkpoints/global_step_2", monkeypatch=monkeypatch)
+    assert [r["step"] for r in later] == [3, 4]
+    before = _prompts_of(tokenizer, tmp_path / "dump_whole", [1, 2], 2)
+    after = _prompts_of(tokenizer, tmp_path / "dump_resumed", [3, 4], 2)
+    held = _held_at(tokenizer, resumed / "checkpoints" / "global_step_4")
+    assert len(before + after + held) == len(set(before + after + held)) == 10
+    uninterrupted = _prompts_of(tokenizer, tmp_path / "dump_whole", [1, 2, 3, 4], 2)
+    assert sorted(before + after + held) == sorted(uninterrupted + _held_at(tokenizer, whole / "checkpoints" /
+                                                                             "global_step_4"))

@@ -37,6 +37,7 @@ CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
     checks.check_backend, checks.check_ranges, checks.check_sampling, checks.check_combinations,
     batch_checks.check_micro_batch_pairs, batch_checks.check_batch_sizes, batch_checks.check_dynamic_sampling,
     lora_checks.check_lora, multi_turn_checks.check_multi_turn, off_policy_checks.check_rollout_correction,
+    off_policy_checks.check_trainer_mode, off_policy_checks.check_async_keys_in_sync_mode,
     unused_keys.check_other_backend_keys, unused_keys.check_not_implemented,
 )
 

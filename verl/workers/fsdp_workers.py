@@ -184,6 +184,27 @@ class ActorRolloutRefWorker(_RoleWorker):
             output.batch.pop("rollout_log_probs", None)  # as the original: only when asked for
         return output.to("cpu")
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def generate_stream(self, request: dict) -> tuple[DataProto | None, dict]:
+        """The asynchronous trainer's rollout on this rank (``trainer.v1.trainer_mode=colocate_async``): the
+        request's ``prompts`` join the groups in flight, ``cancel_uids`` leave, and the engine decodes with the
+        current weights until ``until_groups`` groups (and every group of ``wait_uids``) have finished; the rest
+        wait, suspended, for the next call. Returns the finished rows (or None) and the call's statistics; see
+        :meth:`verl.workers.rollout.native.NativeRollout.generate_stream`."""
+        self._require(self._is_rollout, "rollout", "generate_stream")
+        prompts = request["prompts"]
+        with self.actor_engine.gathered_params() as module:
+            if self.lora is not None:
+                merge_into_gathered_weights(module)
+            with adapters_disabled(module) if self.lora is not None else nullcontext():
+                output, stats = self.rollout.generate_stream(
+                    prompts, request["version"], request["until_groups"], request["wait_uids"], request["cancel_uids"])
+        if output is None:
+            return None, stats
+        if not self.config.rollout.calculate_log_probs:
+            output.batch.pop("rollout_log_probs", None)
+        return output.to("cpu"), stats
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` (B, R) of the actor at ``meta_info['temperature']``

@@ -664,3 +664,57 @@ def test_rollout_correction_settings_pass_and_reach_the_actor():
     spec = resolve_run(compose_ppo_config([*SEED, *overrides]), choose_checkpointing=False)
     assert spec.actor_rollout_ref.actor.policy_loss.rollout_correction == spec.algorithm.rollout_correction
     assert spec.algorithm.rollout_correction.bypass_mode and not spec.old_log_prob_in_update
+
+
+V1 = "trainer.v1"
+SEPARATE = [f"{V1}.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            f"{V1}.separate_async.parameter_sync_step=4"]  # the seed's 256 prompts / mini-batches of 64
+
+
+@pytest.mark.parametrize("overrides, key, expected", [
+    ([f"{V1}.trainer_mode=async"], f"{V1}.trainer_mode", "colocate_async"),
+    ([f"{V1}.trainer_mode=colocate_async", f"{V1}.sampler.max_off_policy_threshold=-1"],
+     f"{V1}.sampler.max_off_policy_threshold", "must be an integer >= 0"),
+    ([f"{V1}.trainer_mode=colocate_async", f"{V1}.sampler.max_off_policy_strategy=block"],
+     f"{V1}.sampler.max_off_policy_strategy", "drop, wait"),
+    ([f"{V1}.trainer_mode=colocate_async", "actor_rollout_ref.rollout.name=hf"], "actor_rollout_ref.rollout.name",
+     "needs the native rollout engine"),
+    ([f"{V1}.trainer_mode=colocate_async", "actor_rollout_ref.rollout.multi_turn.enable=true"],
+     "actor_rollout_ref.rollout.multi_turn.enable", "trainer_mode=sync only"),
+    ([f"{V1}.trainer_mode=colocate_async", "algorithm.adv_estimator=remax"], "algorithm.adv_estimator",
+     "greedy baseline"),
+    ([f"{V1}.trainer_mode=colocate_async", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "Set it to naive"),
+    ([f"{V1}.trainer_mode=separate_async"], "actor_rollout_ref.rollout.nnodes", "gives it none"),
+    ([*SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "Set it to nccl"),
+    ([*SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend=nixl"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend", "naive, nccl"),
+    ([*SEPARATE, "trainer.backend=local"], "trainer.backend", "needs two pools"),
+    ([*SEPARATE, "actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "colocate_async"),
+    ([*SEPARATE, f"{V1}.separate_async.parameter_sync_step=2"], f"{V1}.separate_async.parameter_sync_step",
+     "Set it to 4"),
+    ([*SEPARATE, f"{V1}.separate_async.hybrid_rollout.enable_switch=true"],
+     f"{V1}.separate_async.hybrid_rollout.enable_switch", "not supported here"),
+    ([f"{V1}.sampler.custom_sampler.path=my_sampler.py"], f"{V1}.sampler.custom_sampler.path", "not supported"),
+])
+def test_trainer_mode_mistakes_stop_before_workers_start_naming_the_key(overrides, key, expected):
+    text = problems(*overrides)
+    assert f"- {key}: " in text and expected in text, text
+
+
+def test_the_trainer_modes_validate_and_reach_the_spec():
+    from verl.trainer.config.spec import resolve_run
+
+    for overrides in ([f"{V1}.trainer_mode=colocate_async", f"{V1}.sampler.max_off_policy_threshold=0"], SEPARATE):
+        validate(*overrides)
+        spec = resolve_run(compose_ppo_config([*SEED, *overrides]), choose_checkpointing=False)
+        assert spec.trainer.v1.asynchronous and spec.trainer.v1.num_warmup_batches == 1
+    assert resolve_run(compose_ppo_config(SEED), choose_checkpointing=False).trainer.v1.num_warmup_batches == 0
+
+
+def test_asynchronous_settings_in_sync_mode_warn(caplog):
+    with caplog.at_level(logging.WARNING):
+        validate(f"{V1}.sampler.max_off_policy_threshold=2")
+    assert f"{V1}.sampler.max_off_policy_threshold: is read only by the asynchronous modes" in caplog.text

@@ -137,7 +137,8 @@ def test_resumed_rows_continue_with_the_new_weights_and_keep_their_log_probs(mod
         if k is None:  # a row that had finished before the update: all from the old weights
             continue
         seen += 1
-        assert rest.non_tensor_batch["rollout_min_version"][i] == 0 and rest.non_tensor_batch["rollout_max_version"][i] == 1
+        versions = rest.non_tensor_batch["rollout_min_version"][i], rest.non_tensor_batch["rollout_max_version"][i]
+        assert versions == (0, 1)
         before, after = torch.arange(LENGTH) < k, torch.arange(LENGTH) >= k
         torch.testing.assert_close(recorded[before & mask], old_lp[i][before & mask], atol=1e-4, rtol=0)
         torch.testing.assert_close(recorded[after & mask], new_lp[i][after & mask], atol=1e-4, rtol=0)

@@ -17,7 +17,8 @@ PPO_CONFIG_NAME = "ppo_trainer"
 
 _EXPORTS = {name: ".algorithm" for name in ("AlgoConfig", "FilterGroupsConfig", "KLControlConfig",
                                             "PPOAlgorithmConfig", "RolloutCorrectionConfig")}
-_EXPORTS.update({name: ".config" for name in ("CheckpointConfig", "CustomRewardFunctionConfig", "DataConfig",
-                                              "SFTDataConfig", "TrainerConfig")})
+_EXPORTS.update({name: ".config" for name in (
+    "CheckpointConfig", "ColocateAsyncConfig", "CustomRewardFunctionConfig", "DataConfig", "HybridRolloutSwitchConfig",
+    "SFTDataConfig", "SamplerConfig", "SeparateAsyncConfig", "TrainerConfig", "V1TrainerConfig")})
 __all__ = ["CONFIG_DIR", "ConfigError", "PPO_CONFIG_NAME", *sorted(_EXPORTS)]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from verl.base_config import BaseConfig, section
 
-__all__ = ["CheckpointConfig", "CustomRewardFunctionConfig", "DataConfig", "SFTDataConfig", "TrainerConfig"]
+__all__ = ["CheckpointConfig", "ColocateAsyncConfig", "CustomRewardFunctionConfig", "DataConfig", "HybridRolloutSwitchConfig",
+           "SFTDataConfig", "SamplerConfig", "SeparateAsyncConfig", "TrainerConfig", "V1TrainerConfig"]
 
 
 @section("actor_rollout_ref.actor.checkpoint", shared=True)
@@ -64,6 +65,71 @@ class CustomRewardFunctionConfig(BaseConfig):
     reward_kwargs: dict
 
 
+@section("trainer.v1.colocate_async")
+class ColocateAsyncConfig(BaseConfig):
+    """``colocate_async``: how many prompt batches are generated ahead of the one being trained."""
+
+    num_warmup_batches: int
+
+
+@section("trainer.v1.separate_async.hybrid_rollout")
+class HybridRolloutSwitchConfig(BaseConfig):
+    """The original's lending of idle trainer devices to a separate rollout (accepted; ``enable_switch`` must be
+    false here)."""
+
+    enable_switch: bool
+    switch_threshold_ratio: float
+    adaptive_switch_threshold: bool
+    switch_threshold_step_up: float
+    switch_threshold_step_down: float
+    switch_threshold_release_steps: int
+    switch_cost_window_size: int
+
+
+@section("trainer.v1.separate_async")
+class SeparateAsyncConfig(BaseConfig):
+    """``separate_async``: batches generated ahead, and PPO mini-batches per weight sync (``parameter_sync_step``
+    x ``ppo_mini_batch_size`` = ``data.train_batch_size``)."""
+
+    num_warmup_batches: int
+    parameter_sync_step: int
+    hybrid_rollout: HybridRolloutSwitchConfig
+
+
+@section("trainer.v1.sampler")
+class SamplerConfig(BaseConfig):
+    """How the asynchronous modes bound staleness: a prompt group may be at most ``max_off_policy_threshold``
+    policy versions older than the policy that trains on it; ``drop`` replaces older groups, ``wait`` waits for
+    them."""
+
+    max_off_policy_threshold: int
+    max_off_policy_strategy: str
+    sync_refill_failed_groups: bool
+    custom_sampler: dict
+    sampler_kwargs: dict
+
+
+@section("trainer.v1")
+class V1TrainerConfig(BaseConfig):
+    """``trainer.v1``: the trainer's mode (``sync``, ``colocate_async``, ``separate_async``) and its settings."""
+
+    trainer_mode: str
+    sync: dict
+    colocate_async: ColocateAsyncConfig
+    separate_async: SeparateAsyncConfig
+    sampler: SamplerConfig
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.trainer_mode != "sync"
+
+    @property
+    def num_warmup_batches(self) -> int:
+        """The active asynchronous mode's batches generated ahead (0 in sync mode)."""
+        mode = {"colocate_async": self.colocate_async, "separate_async": self.separate_async}.get(self.trainer_mode)
+        return 0 if mode is None else mode.num_warmup_batches
+
+
 @section("trainer")
 class TrainerConfig(BaseConfig):
     """Devices, length of the run, logging, validation and checkpoints."""
@@ -96,6 +162,8 @@ class TrainerConfig(BaseConfig):
     max_critic_ckpt_to_keep: int | None
     ray_wait_register_center_timeout: int
     use_legacy_worker_impl: str
+    use_v1: bool
+    v1: V1TrainerConfig
 
 
 @section("data.multiturn", config_name="sft_trainer")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 import uuid
 
 import numpy as np
@@ -29,6 +30,7 @@ from verl.data import create_rl_sampler, make_dataloader
 from verl.protocol import DataProto, object_array
 from verl.trainer.config.spec import prompts_per_round, resolve_run
 from verl.trainer.ppo import checkpointing
+from verl.trainer.ppo.async_rollout import AsyncRollout
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics, compute_rollout_probs_diff, compute_throughput_metrics, compute_timing_metrics, reduce_metrics
 )
@@ -82,6 +84,10 @@ class RayPPOTrainer:
         self.n_devices = self.spec.n_devices
         self.checkpoint_root = os.path.abspath(self.spec.trainer.default_local_dir)
         self.global_steps = 0
+        self.policy_version = 0  # actor updates so far: the version that tags what the rollout generates
+        self.rollouts: AsyncRollout | None = None  # the asynchronous modes' groups in flight (see fit)
+        self._reward_s = 0.0
+        self._async_state: dict | None = None  # the groups in flight a resumed checkpoint holds
         self.workers: WorkerGroups | None = None
         self.flops_counters: dict[str, FlopsCounter] = {}  # role -> counter of its model
 
@@ -114,6 +120,8 @@ class RayPPOTrainer:
             "global_step": self.global_steps,
             "dataloader": self.train_dataloader.state_dict(),
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            "policy_version": self.policy_version,
+            "async_rollout": self.rollouts.state_dict() if self.rollouts is not None else None,
         })
         checkpointing.mark_complete(self.checkpoint_root, self.global_steps)
         trainer = self.spec.trainer
@@ -155,6 +163,8 @@ class RayPPOTrainer:
         if self.kl_ctrl is not None and state.get("kl_coef") is not None:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = checkpointing.step_of(path)
+        self.policy_version = int(state.get("policy_version", self.global_steps))
+        self._async_state = state.get("async_rollout")
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder the batch so that each data-parallel rank gets a similar number of tokens."""
@@ -177,10 +187,14 @@ class RayPPOTrainer:
             with simple_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
         with simple_timer("reward", timing_raw):
-            if self.use_rm:
-                batch = batch.union(groups.rm.compute_rm_score(batch))
-            scores, extra_info = compute_reward(batch, self.reward_fn)
-            batch.non_tensor_batch.update({k: object_array(v) for k, v in extra_info.items()})
+            return self._score(batch)
+
+    def _score(self, batch: DataProto) -> DataProto:
+        """``token_level_scores`` of finished rows (model reward first, when used), and the reward's extra info."""
+        if self.use_rm:
+            batch = batch.union(self.workers.rm.compute_rm_score(batch))
+        scores, extra_info = compute_reward(batch, self.reward_fn)
+        batch.non_tensor_batch.update({k: object_array(v) for k, v in extra_info.items()})
         batch.batch["token_level_scores"] = scores
         return batch
 
@@ -304,15 +318,23 @@ class RayPPOTrainer:
             metrics[f"perf/mfu/{role}"] = achieved * section.ppo_epochs / promised / world_size
         return metrics
 
-    def train_step(self, batch_dict: dict, next_batch=None) -> dict:
+    def train_step(self, batch_dict: dict | None, next_batch=None) -> dict:
         """One PPO step on one batch of prompts; returns the step's metrics. ``next_batch()`` gives
-        further batches when dynamic sampling (``algorithm.filter_groups``) needs more prompts."""
+        further batches when dynamic sampling (``algorithm.filter_groups``) needs more prompts. In the
+        asynchronous modes the batch comes from the groups in flight (``batch_dict`` is None)."""
         config, groups = self.spec, self.workers
         metrics: dict = {}
         timing_raw: dict = {}
         with simple_timer("step", timing_raw):
-            batch = self._generate_and_score(batch_dict, timing_raw)
-            if self.filter_groups:
+            if self.rollouts is not None:
+                self._reward_s = 0.0
+                batch, async_metrics, timing_raw["gen"] = self.rollouts.next_batch(self.policy_version)
+                batch.meta_info["global_steps"] = self.global_steps
+                timing_raw["reward"] = self._reward_s
+                metrics.update(async_metrics)
+            else:
+                batch = self._generate_and_score(batch_dict, timing_raw)
+            if self.filter_groups and self.rollouts is None:
                 batch = self._keep_varied_groups(batch, next_batch, timing_raw, metrics)
             if config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
@@ -344,6 +366,7 @@ class RayPPOTrainer:
             if update_actor:
                 with simple_timer("update_actor", timing_raw):
                     output = groups.actor_rollout.update_actor(batch)
+                self.policy_version += 1
                 if fused_old_log_prob:
                     batch = self._add_old_log_probs(batch, output, metrics)
                 metrics.update(reduce_metrics(output.meta_info["metrics"]))
@@ -384,6 +407,31 @@ class RayPPOTrainer:
         while not bounded or self.train_sampler.epoch < int(trainer.total_epochs):
             yield from self.train_dataloader
 
+    def _async_rollout(self, batches) -> AsyncRollout:
+        """The groups in flight of ``trainer.v1.trainer_mode`` (colocate_async or separate_async), restored from
+        the checkpoint the run resumed from, if any."""
+        v1, algorithm = self.spec.trainer.v1, self.spec.algorithm
+        keep_group = None
+        if self.filter_groups:
+            def keep_group(rows: DataProto) -> bool:  # DAPO: a group whose samples all score alike teaches nothing
+                values = self._group_metric(rows, algorithm.filter_groups.metric)
+                return len(values) == 1 or max(values) > min(values)
+
+        def score(rows: DataProto) -> DataProto:
+            tic = time.perf_counter()
+            rows = self._score(rows)
+            self._reward_s += time.perf_counter() - tic
+            return rows
+
+        rollouts = AsyncRollout(
+            batch_size=self.spec.data.train_batch_size, world_size=self.workers.actor_rollout.world_size,
+            threshold=v1.sampler.max_off_policy_threshold, strategy=v1.sampler.max_off_policy_strategy,
+            warmup_batches=v1.num_warmup_batches, prompts=batches, generate=self.workers.actor_rollout.generate_stream,
+            score=score, keep_group=keep_group)
+        if self._async_state is not None:
+            rollouts.load_state_dict(self._async_state, self.policy_version)
+        return rollouts
+
     def _logged_config(self) -> dict:
         """The config as the experiment trackers record it: as given, with what the run resolved filled in."""
         logged, spec = copy.deepcopy(self.config), self.spec
@@ -413,9 +461,11 @@ class RayPPOTrainer:
                 if trainer.val_only:
                     return last_metrics
             batches = self._train_batches()
+            if self.spec.trainer.v1.asynchronous:
+                self.rollouts = self._async_rollout(batches)
             while self.global_steps < self.total_training_steps:
                 try:
-                    batch_dict = next(batches)
+                    batch_dict = None if self.rollouts is not None else next(batches)
                     self.global_steps += 1
                     last_metrics = self.train_step(batch_dict, next_batch=lambda: next(batches))
                 except StopIteration:  # dynamic sampling used up trainer.total_epochs passes

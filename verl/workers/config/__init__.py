@@ -7,9 +7,9 @@ from verl.workers.config.engine import FSDPConfig, FSDPEngineConfig
 from verl.workers.config.model import HFModelConfig, ModelConfig
 from verl.workers.config.optimizer import FSDPOptimizerConfig, OptimConfig, OptimizerConfig
 from verl.workers.config.reward_model import OverlongBufferConfig, RewardModelConfig
-from verl.workers.config.rollout import MultiTurnConfig, RolloutConfig, SamplingConfig
+from verl.workers.config.rollout import CheckpointEngineConfig, MultiTurnConfig, RolloutConfig, SamplingConfig
 
-__all__ = ["ActorConfig", "ActorRolloutRefConfig", "CriticConfig", "FSDPActorConfig", "FSDPConfig", "FSDPCriticConfig",
+__all__ = ["ActorConfig", "ActorRolloutRefConfig", "CheckpointEngineConfig", "CriticConfig", "FSDPActorConfig", "FSDPConfig", "FSDPCriticConfig",
            "FSDPEngineConfig", "FSDPOptimizerConfig", "HFModelConfig", "ModelConfig", "MultiTurnConfig", "OptimConfig",
            "OptimizerConfig", "OverlongBufferConfig", "PolicyLossConfig", "RefConfig", "RewardModelConfig",
            "RolloutConfig", "SamplingConfig"]

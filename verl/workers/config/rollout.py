@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from verl.base_config import BaseConfig, section
 
-__all__ = ["MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
+__all__ = ["CheckpointEngineConfig", "MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
 
 
 @section("actor_rollout_ref.rollout.val_kwargs")
@@ -35,6 +35,15 @@ class MultiTurnConfig(BaseConfig):
     format: str
 
 
+@section("actor_rollout_ref.rollout.checkpoint_engine")
+class CheckpointEngineConfig(BaseConfig):
+    """How the trainer's weights reach the rollout: ``naive`` when the rollout reads the actor's own weights
+    (colocated), ``nccl`` when they are sent to a separate rollout pool (gloo on CPU), in buckets."""
+
+    backend: str
+    update_weights_bucket_megabytes: int
+
+
 @section("actor_rollout_ref.rollout")
 class RolloutConfig(BaseConfig):
     """The rollout engine (``name``) and its training-time sampling; ``val_kwargs`` samples validation."""
@@ -59,6 +68,9 @@ class RolloutConfig(BaseConfig):
     max_model_len: int | None
     max_num_seqs: int
     calculate_log_probs: bool
+    nnodes: int
+    n_gpus_per_node: int
+    checkpoint_engine: CheckpointEngineConfig
     log_prob_micro_batch_size: int | None
     log_prob_micro_batch_size_per_gpu: int | None
     log_prob_use_dynamic_bsz: bool | None

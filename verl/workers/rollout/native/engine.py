@@ -171,10 +171,6 @@ class NativeRollout(BaseRollout):
         output.non_tensor_batch.update(rollout_min_version=first, rollout_max_version=last)
         return output, stats
 
-    def reset_stream(self) -> None:
-        """Forget every group of the asynchronous rollout (a run resumed from a checkpoint submits its own)."""
-        self.stream = None
-
     def _generate(self, prompts: DataProto, params, on_turn):
         check_left_padded(prompts.batch["attention_mask"])
         self.weights.bind()
