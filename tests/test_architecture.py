@@ -20,12 +20,12 @@ LAYERS = [
     ("models", "loading Hugging Face models, packed forwards, log-probs in chunks", ["verl.models"]),
     ("data and scoring", "datasets, rule rewards, the reward model's forward, tools, simulated users",
      ["verl.data", "verl.rewards", "verl.tools", "verl.interactions"]),
-    ("engines", "the FSDP2 training engine; the rollout engines and the agent loop",
-     ["verl.workers.engine", "verl.workers.rollout"]),
+    ("engines", "the FSDP2 training engine; the rollout engines and the agent loop; weight sync to a separate rollout",
+     ["verl.workers.engine", "verl.workers.rollout", "verl.checkpoint_engine"]),
     ("single controller", "Worker, @register dispatch, Ray and local worker groups", ["verl.single_controller"]),
     ("workers", "one class per role, the actor's and critic's math on one rank", ["verl.workers"]),
     ("driver", "the run spec, the PPO loop, reward managers, CLIs, the Python API",
-     ["verl.trainer", "verl.rewards.managers", "verl.rewards.loading", "verl.model_merger"]),
+     ["verl.trainer", "verl.rewards.managers", "verl.rewards.loading", "verl.model_merger", "verl.experimental"]),
 ]
 
 

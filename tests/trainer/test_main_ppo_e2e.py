@@ -625,3 +625,49 @@ def test_an_async_run_resumed_mid_run_trains_every_prompt_once(gsm8k_setup, vari
     uninterrupted = _prompts_of(tokenizer, tmp_path / "dump_whole", [1, 2, 3, 4], 2)
     assert sorted(before + after + held) == sorted(uninterrupted + _held_at(tokenizer, whole / "checkpoints" /
                                                                              "global_step_4"))
+
+
+SEPARATE = ["trainer.v1.trainer_mode=separate_async", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            "trainer.v1.separate_async.parameter_sync_step=2", "actor_rollout_ref.rollout.calculate_log_probs=true"]
+
+
+def test_separate_async_sends_the_weights_to_a_rollout_of_its_own(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
+                                                                  ray_session):
+    """One trainer worker and one rollout worker in pools of their own (gloo on CPU). Allowed no staleness, every
+    group is generated with the weights it is trained on, so the rollout's log-probs are the trainer's (to float
+    error) after every sync, after a resume too (the checkpoint's weights are sent first); validation runs on the
+    rollout while it holds groups. Allowed staleness, the rollout generates the next groups while the trainer
+    trains, so trained groups are a version old."""
+    extra = [*GRPO, *varied_reward, *SEPARATE, "trainer.total_training_steps=3", "trainer.test_freq=3"]
+    exact = [*extra, "trainer.v1.sampler.max_off_policy_threshold=0"]
+    run_dir, records = run(gsm8k_setup, tmp_path, "separate0", *exact, monkeypatch=monkeypatch)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        data = record["data"]
+        assert data["training/rollout_probs_diff_max"] < 1e-6 and data["async/staleness/max"] == 0
+        assert data["perf/weight_sync_gb"] > 0 and "timing_s/update_weights" in data
+    assert any(k.startswith("val-core/") for k in records[-1]["data"])
+    _, resumed = run(gsm8k_setup, tmp_path, "separate0_resumed", *exact, "trainer.resume_mode=resume_path",
+                     f"trainer.resume_from_path={run_dir}/checkpoints/global_step_2", monkeypatch=monkeypatch)
+    assert [r["step"] for r in resumed] == [3] and resumed[0]["data"]["training/rollout_probs_diff_max"] < 1e-6
+    _, ahead = run(gsm8k_setup, tmp_path, "separate1", *extra, "trainer.v1.sampler.max_off_policy_threshold=1",
+                   monkeypatch=monkeypatch)
+    assert max(r["data"]["async/staleness/max"] for r in ahead) == 1
+    assert max(r["data"]["training/rollout_probs_diff_max"] for r in ahead) > 1e-6  # generated one update ago
+
+
+def test_the_one_step_off_policy_recipe_runs_from_its_own_entry_point(gsm8k_setup, varied_reward, tmp_path,
+                                                                       monkeypatch, ray_session):
+    """The original's recipe command line (its rollout.* keys and hybrid_engine=False) through its module."""
+    from verl.experimental.one_step_off_policy.async_main_ppo import main as recipe_main
+
+    run_dir = tmp_path / "one_step"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run_dir / "metrics.jsonl"))
+    argv = article_command(gsm8k_setup, str(run_dir), *GRPO, *varied_reward, "trainer.n_gpus_per_node=1",
+                           "trainer.test_freq=-1", "trainer.save_freq=-1", "actor_rollout_ref.hybrid_engine=False",
+                           "rollout.nnodes=1", "rollout.n_gpus_per_node=1")
+    assert recipe_main(argv) == 0
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["data"]["async/staleness/max"] <= 1 and r["data"]["perf/weight_sync_gb"] > 0 for r in records)

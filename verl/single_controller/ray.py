@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from verl.single_controller import watchdog
 from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV
 from verl.single_controller.worker_group import ClassWithInitArgs, WorkerError, WorkerGroup, colocated_worker_class
+from verl.utils.startup import COMPILE_CACHE_ENV
 
 __all__ = ["init_ray", "ResourcePool", "RayWorkerGroup", "ClassWithInitArgs", "create_colocated_worker_groups"]
 
@@ -80,14 +81,18 @@ def init_ray(ray_kwargs: Mapping | None = None, device: str = "cuda") -> None:
     ``ray_kwargs`` is verl's ``ray_kwargs`` config: its ``ray_init`` entries go to ``ray.init``
     (``None`` values are dropped; ``num_cpus`` defaults to ``os.cpu_count()``). Every Ray worker
     gets ``TOKENIZERS_PARALLELISM=true`` and ``NCCL_DEBUG=WARN``, plus ``GLOO_SOCKET_IFNAME=lo``
-    for a local CPU run; ``ray_init.runtime_env.env_vars`` overrides them."""
+    for a local CPU run, and this process's ``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR`` when set
+    (workers of a cluster joined here do not inherit this environment; unset, each worker picks the
+    default of :func:`verl.utils.startup.use_compile_cache`); ``ray_init.runtime_env.env_vars``
+    overrides them."""
     if ray.is_initialized():
         logger.info("Ray: reusing the Ray instance this process is already connected to")
         return
     ray_init = {k: v for k, v in _plain((ray_kwargs or {}).get("ray_init") or {}).items() if v is not None}
     address = ray_init.pop("address", None) or os.environ.get("RAY_ADDRESS")
     join = bool(address) and address != "local"
-    env_vars = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN"}
+    env_vars = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
+                **{key: os.environ[key] for key in COMPILE_CACHE_ENV if key in os.environ}}
     if not join and device == "cpu":
         env_vars["GLOO_SOCKET_IFNAME"] = "lo"
     runtime_env = dict(ray_init.pop("runtime_env", None) or {})

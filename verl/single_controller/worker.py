@@ -13,6 +13,10 @@ variables, set before the worker's ``__init__`` runs:
 
 A worker created by hand (no group) is rank 0 of a world of 1, which makes unit tests and
 debugging of a single worker easy.
+
+On CUDA, constructing a worker also points its process's compile caches at a persistent folder
+(:func:`verl.utils.startup.use_compile_cache`) before anything compiles, and ``startup_phases``
+reports the process's start-up phases to the driver.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import urllib.parse
 
 import torch
 import torch.distributed as dist
+
+from verl.single_controller.decorator import Dispatch, register
+from verl.utils import startup
 
 __all__ = ["Worker", "INIT_METHOD_ENV", "DEVICE_ENV"]
 
@@ -48,6 +55,7 @@ class Worker:
         self.device_name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.device_name not in ("cpu", "cuda"):
             raise ValueError(f"{DEVICE_ENV}={self.device_name!r}; expected 'cpu' or 'cuda'")
+        startup.prepare_worker_process(self.device_name)
 
     @property
     def device(self) -> torch.device:
@@ -81,6 +89,12 @@ class Worker:
             rendezvous = {"store": _tcp_store(init_method, self.rank, self.world_size, timeout)}
         dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timeout, **rendezvous)
         return dist.group.WORLD
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def startup_phases(self) -> dict[str, float]:
+        """This process's start-up phases and compile figures so far (:func:`verl.utils.startup.worker_snapshot`);
+        colocated roles share the process, so each role reports the same."""
+        return startup.worker_snapshot()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"

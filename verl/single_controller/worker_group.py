@@ -144,8 +144,14 @@ class WorkerGroup(ABC):
     def execute_all(self, method_name: str, *args, **kwargs) -> list:
         """Call ``method_name`` with the same arguments on every rank; return the list of results.
         Any method of the worker works (for colocated roles: their ``@register``-ed methods)."""
+        return self.execute_all_async(method_name, *args, **kwargs).get()
+
+    def execute_all_async(self, method_name: str, *args, **kwargs) -> WorkerFuture:
+        """:meth:`execute_all` without waiting: the calls start now, ``get()`` returns the list of results.
+        Calls to one worker process run in the order they were made."""
         ranks = list(range(self.world_size))
-        return self._wait(method_name, ranks, self._submit(method_name, [(r, args, kwargs) for r in ranks]))
+        handles = self._submit(method_name, [(r, args, kwargs) for r in ranks])
+        return WorkerFuture(self, method_name, ranks, handles, finish=list)
 
     def execute_rank_zero(self, method_name: str, *args, **kwargs) -> Any:
         """Call ``method_name`` on rank 0 only and return its result."""

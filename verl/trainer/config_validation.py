@@ -27,7 +27,7 @@ from verl.trainer.config import (ConfigError, batch_checks, checks, lora_checks,
                                  unused_keys)
 from verl.trainer.config.checks import Issue, Run, check_types
 from verl.trainer.config import PPO_CONFIG_NAME
-from verl.trainer.config.compose import compose_ppo_config, default_config_values
+from verl.trainer.config.compose import compose_config, compose_ppo_config, default_config_values
 
 # The checks validate_config runs after check_types, in this order; a new check is one function
 # added to checks.py (or unused_keys.py) and listed here.
@@ -89,13 +89,17 @@ def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = Non
     return warnings
 
 
-def checked_config(argv: Sequence[str] | None = None) -> DictConfig | None:
+def checked_config(argv: Sequence[str] | None = None, config_name: str = PPO_CONFIG_NAME,
+                   translate: Callable[[DictConfig], DictConfig] | None = None) -> DictConfig | None:
     """The config of a command line (default ``sys.argv[1:]``) once it is valid and the machine and files it
-    needs are there (:mod:`verl.trainer.preflight`); None after printing every problem to stderr."""
+    needs are there (:mod:`verl.trainer.preflight`); None after printing every problem to stderr. A recipe's
+    entry point composes on its own ``config_name`` and ``translate``s its keys into the trainer's first."""
     from verl.trainer.preflight import preflight
 
     try:
-        config = compose_ppo_config(sys.argv[1:] if argv is None else list(argv))
+        config = compose_config(sys.argv[1:] if argv is None else list(argv), config_name)
+        if translate is not None:
+            config = translate(config)
         validate_config(config)
         preflight(config)
     except ConfigError as e:

@@ -2,8 +2,10 @@
 
 The command line is composed onto ``verl/trainer/config/ppo_trainer.yaml`` (Hydra override syntax)
 and the whole config is validated before anything heavy starts. Then this process becomes the
-driver: it reads the data, builds the reward functions, starts the workers (Ray, started here if no
-cluster is running, or in this process with ``trainer.backend=local``) and runs the PPO loop.
+driver: it reads the data and builds the reward functions on a second thread while Ray starts (here,
+if no cluster is running; no Ray with ``trainer.backend=local``), starts the workers and runs the PPO
+loop. With ``VERL_LOGGING_LEVEL=INFO`` it logs where the time to the first step went
+(:mod:`verl.utils.startup`).
 """
 
 from __future__ import annotations
@@ -13,33 +15,56 @@ import os
 import sys
 
 from verl.trainer.config_validation import checked_config
+from verl.utils import startup
 from verl.utils.logging_utils import configure_logging
 
 
-def run_ppo(config) -> dict:
-    """Run a validated config to the end; returns the last step's metrics."""
+def load_inputs(config) -> tuple:
+    """The tokenizer, the training and validation datasets (None without ``data.val_files``) and the
+    training and validation reward functions."""
     import dataclasses
 
     from verl.data import RLHFDataset
     from verl.models import load_tokenizer
     from verl.rewards.loading import check_rule_reward_rows, load_reward_manager
     from verl.trainer.config.config import DataConfig
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.workers.config import ModelConfig
 
-    configure_logging()
     model, data = ModelConfig.from_config(config.actor_rollout_ref.model), DataConfig.from_config(config.data)
-    tokenizer = load_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code,
-                               chat_template=model.custom_chat_template)
-    train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
-    val_dataset = (RLHFDataset(data.val_files, tokenizer, dataclasses.replace(data, shuffle=data.validation_shuffle),
-                               max_samples=data.val_max_samples) if data.val_files else None)
-    check_rule_reward_rows(train_dataset, config, "data.train_files")
-    if val_dataset is not None:
-        check_rule_reward_rows(val_dataset, config, "data.val_files")
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
-    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn)
+    with startup.DRIVER.phase("data"):
+        tokenizer = load_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code,
+                                   chat_template=model.custom_chat_template)
+        train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
+        val_data = dataclasses.replace(data, shuffle=data.validation_shuffle)
+        val_dataset = (RLHFDataset(data.val_files, tokenizer, val_data, max_samples=data.val_max_samples)
+                       if data.val_files else None)
+        check_rule_reward_rows(train_dataset, config, "data.train_files")
+        if val_dataset is not None:
+            check_rule_reward_rows(val_dataset, config, "data.val_files")
+    with startup.DRIVER.phase("reward"):
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+    return tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn
+
+
+def run_ppo(config) -> dict:
+    """Run a validated config to the end; returns the last step's metrics."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    configure_logging()
+    if config.trainer.backend == "local":
+        inputs = load_inputs(config)
+    else:  # Ray's start is mostly waiting for its processes: read the data meanwhile
+        from verl.single_controller.ray import init_ray
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-inputs") as pool:
+            loading = pool.submit(load_inputs, config)
+            with startup.DRIVER.phase("ray"):
+                init_ray(config.get("ray_kwargs"), device=config.trainer.device)
+            inputs = loading.result()
+    trainer = RayPPOTrainer(config, *inputs)
     try:
         trainer.init_workers()
         return trainer.fit()
@@ -47,9 +72,12 @@ def run_ppo(config) -> dict:
         trainer.shutdown()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, config_name: str = "ppo_trainer", translate=None) -> int:
+    """The command line's run; 1 after printing why it cannot run or stopped. The original's asynchronous recipes
+    (:mod:`verl.experimental.recipes`) come here with their own config and its translation."""
     configure_logging()
-    config = checked_config(argv)
+    with startup.DRIVER.phase("config"):
+        config = checked_config(argv, config_name, translate)
     if config is None:
         return 1
     from verl.data import DatasetError

@@ -17,19 +17,25 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import random
-from contextlib import nullcontext
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
 
+from verl.checkpoint_engine import WeightSyncGroup, apply_weights, drain
 from verl.interactions.base import load_interactions
 from verl.models import load_causal_lm, load_tokenizer, load_value_model
 from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
 from verl.protocol import DataProto
 from verl.rewards.model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.single_controller import Dispatch, Worker, register
+from verl.single_controller.worker import NODE_IP_ENV
 from verl.tools.base import load_tools
+from verl.utils import startup
 from verl.utils.debug import memory_usage
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RewardModelConfig
@@ -84,14 +90,15 @@ class _RoleWorker(Worker):
 
 class ActorRolloutRefWorker(_RoleWorker):
     """The policy's roles on one device. ``config`` is the ``actor_rollout_ref`` section; ``role`` one of
-    ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``.
+    ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``, ``actor_ref``. A ``rollout`` alone
+    (``separate_async``) holds its own whole copy of the model and receives the actor's weights.
 
     The rollout engine generates with the actor engine's module (unsharded around each call); the
     reference policy is a second, frozen copy of ``model.path`` in its own engine (no optimizer),
     computing in ``ref.fsdp_config.dtype`` (the actor's unless set).
     """
 
-    ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+    ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 
     def __init__(self, config: ActorRolloutRefConfig, role: str, nccl_timeout_s: float | None = None):
         config = ActorRolloutRefConfig.from_config(config)
@@ -99,11 +106,13 @@ class ActorRolloutRefWorker(_RoleWorker):
         if role not in self.ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {list(self.ROLES)}, got {role!r}")
         self.config, self.role = config, role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
         self.tokenizer = self.actor_engine = self.actor = self.rollout = self.ref_engine = self.ref_policy = None
+        self.rollout_module: torch.nn.Module | None = None  # a rollout's own copy of the model (role "rollout")
         self.lora: LoraSettings | None = None
+        self.weight_sync: WeightSyncGroup | None = None  # to or from the other pool (separate_async)
 
     def _require(self, needed: bool, what: str, method: str) -> None:
         if not needed:
@@ -129,15 +138,23 @@ class ActorRolloutRefWorker(_RoleWorker):
         kernel = model_config.fused_kernel_options["impl_backend"] if model_config.use_fused_kernels else "auto"
         self.lora = LoraSettings.from_config(model_config, "actor_rollout_ref.model")
         batching = policy_batching(config, self.world_size, actor=self._is_actor, reference=self._is_ref)
-        if self._is_actor or self._is_rollout:
-            model = load_causal_lm(path, dtype=actor.fsdp_config.model_dtype, **load_kwargs)
-            if self.lora is not None:
-                apply_lora(model, self.lora)
-            self.actor_engine = FSDPEngine(
-                model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
-                grad_clip=actor.grad_clip, device=self.device, compile_layers=actor.use_torch_compile,
-                enable_gradient_checkpointing=self._is_actor and _checkpointing(model_config),
-                lora_config=lora_config_dict(model, path) if self.lora is not None else None)
+        if self._is_rollout and not self._is_actor:
+            # A rollout of its own (separate_async): a whole copy of the model in the dtype the colocated rollout
+            # computes in; the trainer's weights arrive through receive_weights.
+            dtype = mixed_precision_policy(actor.fsdp_config, self.device).param_dtype
+            with startup.WORKER.phase("rollout model load"):
+                self.rollout_module = load_causal_lm(path, dtype=dtype, **load_kwargs).to(self.device).eval()
+        elif self._is_actor or self._is_rollout:
+            with startup.WORKER.phase("actor model load"):
+                model = load_causal_lm(path, dtype=actor.fsdp_config.model_dtype, **load_kwargs)
+                if self.lora is not None:
+                    apply_lora(model, self.lora)
+            with startup.WORKER.phase("actor fsdp"):
+                self.actor_engine = FSDPEngine(
+                    model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
+                    grad_clip=actor.grad_clip, device=self.device, compile_layers=actor.use_torch_compile,
+                    enable_gradient_checkpointing=self._is_actor and _checkpointing(model_config),
+                    lora_config=lora_config_dict(model, path) if self.lora is not None else None)
         if self._is_actor:
             self.actor = DataParallelPPOActor(
                 actor, self.actor_engine, micro_batch_size=batching.update.micro_batch_size,
@@ -145,8 +162,10 @@ class ActorRolloutRefWorker(_RoleWorker):
                 mini_batch_size=batching.mini_batch_size)
             self._log_prob_batching = batching.log_prob
         if self._is_rollout:
-            rollout_class = get_rollout_class(config.rollout.name)
-            self.rollout = rollout_class(config.rollout, self.actor_engine.module, self.tokenizer)
+            with startup.WORKER.phase("rollout engine"):
+                rollout_class = get_rollout_class(config.rollout.name)
+                module = self.rollout_module if self.actor_engine is None else self.actor_engine.module
+                self.rollout = rollout_class(config.rollout, module, self.tokenizer)
             multi_turn = config.rollout.multi_turn
             if multi_turn.enable:
                 tools, interactions = multi_turn.tool_config_path, multi_turn.interaction_config_path
@@ -159,9 +178,11 @@ class ActorRolloutRefWorker(_RoleWorker):
         elif self._is_ref:
             fsdp_config = config.ref.fsdp_config
             dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype  # frozen: no fp32 master copy
-            self.ref_engine = FSDPEngine(load_causal_lm(path, dtype=dtype, **load_kwargs), fsdp_config=fsdp_config,
-                                         optim_config=None, device=self.device,
-                                         compile_layers=config.ref.use_torch_compile)
+            with startup.WORKER.phase("ref model load"):
+                model = load_causal_lm(path, dtype=dtype, **load_kwargs)
+            with startup.WORKER.phase("ref fsdp"):
+                self.ref_engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=None, device=self.device,
+                                             compile_layers=config.ref.use_torch_compile)
         if self._is_ref:
             self.ref_policy = DataParallelPPOActor(config.ref, self.ref_engine, remove_padding=remove_padding,
                                                    logprob_kernel=kernel)
@@ -173,13 +194,8 @@ class ActorRolloutRefWorker(_RoleWorker):
         ``do_sample``, ``temperature``, ...) overrides the rollout config for this call."""
         self._require(self._is_rollout, "rollout", "generate_sequences")
         prompts = prompts.to(self.device)
-        with self.actor_engine.gathered_params() as module:
-            if self.lora is None:
-                output = self.rollout.generate_sequences(prompts)
-            else:  # base + adapter merged into the gathered weights (freed at reshard), adapter layers off
-                merge_into_gathered_weights(module)
-                with adapters_disabled(module):
-                    output = self.rollout.generate_sequences(prompts)
+        with self._generation_weights():
+            output = self.rollout.generate_sequences(prompts)
         if not self.config.rollout.calculate_log_probs:
             output.batch.pop("rollout_log_probs", None)  # as the original: only when asked for
         return output.to("cpu")
@@ -192,18 +208,71 @@ class ActorRolloutRefWorker(_RoleWorker):
         wait, suspended, for the next call. Returns the finished rows (or None) and the call's statistics; see
         :meth:`verl.workers.rollout.native.NativeRollout.generate_stream`."""
         self._require(self._is_rollout, "rollout", "generate_stream")
-        prompts = request["prompts"]
-        with self.actor_engine.gathered_params() as module:
-            if self.lora is not None:
-                merge_into_gathered_weights(module)
-            with adapters_disabled(module) if self.lora is not None else nullcontext():
-                output, stats = self.rollout.generate_stream(
-                    prompts, request["version"], request["until_groups"], request["wait_uids"], request["cancel_uids"])
+        if self.rollout_module is not None:  # a rollout of its own decodes on its own thread from the first call
+            self.rollout.serve()
+        with self._generation_weights():
+            output, stats = self.rollout.generate_stream(
+                request["prompts"], request["version"], request["until_groups"], request["wait_uids"],
+                request["cancel_uids"])
         if output is None:
             return None, stats
         if not self.config.rollout.calculate_log_probs:
             output.batch.pop("rollout_log_probs", None)
         return output.to("cpu"), stats
+
+    @contextmanager
+    def _generation_weights(self) -> Iterator[None]:
+        """The whole weights the rollout generates with, for the block: the actor's, unsharded (base + LoRA adapter
+        merged, adapter layers off), or a rollout's own copy."""
+        if self.actor_engine is None:
+            yield
+            return
+        with self.actor_engine.gathered_params() as module:
+            if self.lora is None:
+                yield
+                return
+            merge_into_gathered_weights(module)  # freed at reshard
+            with adapters_disabled(module):
+                yield
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def weight_sync_address(self) -> str:
+        """Where the weight-sync group meets (``separate_async``): a free port on this rank's node, whose store this
+        rank (the actor's rank 0, the sender) serves."""
+        host = os.environ.get(NODE_IP_ENV) or "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            return f"tcp://{host}:{probe.getsockname()[1]}"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send_weights(self, address: str, world_size: int) -> dict:
+        """Send the actor's weights to the rollout's own workers (``separate_async``): every rank gathers each tensor
+        whole (a collective), the actor's rank 0 broadcasts them in buckets of
+        ``checkpoint_engine.update_weights_bucket_megabytes`` in the dtype the rollout computes in. Returns the
+        sender's statistics (``{}`` on the other ranks)."""
+        self._require(self._is_actor, "actor", "send_weights")
+        if self.rank == 0 and self.weight_sync is None:
+            self.weight_sync = WeightSyncGroup(address, 0, world_size, self.device, timeout=self.nccl_timeout_s)
+        dtype = mixed_precision_policy(self.config.actor.fsdp_config, self.device).param_dtype
+        tensors = ((name, t.to(dtype) if t.is_floating_point() else t)
+                   for name, t, _ in self.actor_engine.full_tensors())
+        if self.weight_sync is None:
+            drain(tensors)
+            return {}
+        bucket = int(self.config.rollout.checkpoint_engine.update_weights_bucket_megabytes) << 20
+        return self.weight_sync.send(tensors, bucket)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self, address: str, world_size: int, version: int) -> None:
+        """Receive the actor's weights (``separate_async``) while the rollout decodes on, then have its thread
+        apply them between two rounds of decoding: the groups in flight go on with policy ``version``."""
+        self._require(self.rollout_module is not None, "rollout's own copy of the model (role 'rollout')",
+                      "receive_weights")
+        if self.weight_sync is None:
+            self.weight_sync = WeightSyncGroup(address, 1 + self.rank, world_size, self.device,
+                                               timeout=self.nccl_timeout_s)
+        tensors = self.weight_sync.receive()
+        self.rollout.serve().stage_weights(version, lambda: apply_weights(self.rollout_module, tensors))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -284,15 +353,19 @@ class CriticWorker(_RoleWorker):
         self.tokenizer = load_tokenizer(model_config.tokenizer_path or path, config_key="critic.model.path",
                                         trust_remote_code=model_config.trust_remote_code)
         fsdp_config, remove_padding = model_config.fsdp_config, model_config.use_remove_padding
-        model = load_value_model(path, dtype=fsdp_config.model_dtype, trust_remote_code=model_config.trust_remote_code,
-                                 remove_padding=remove_padding, override_config=model_config.override_config)
         lora = LoraSettings.from_config(model_config, "critic.model")
-        if lora is not None:
-            apply_lora(model, lora, value_head=True)
-        self.engine = FSDPEngine(
-            model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config.grad_clip, device=self.device,
-            lora_config=lora_config_dict(model, path, value_head=True) if lora is not None else None,
-            enable_gradient_checkpointing=_checkpointing(model_config), compile_layers=config.use_torch_compile)
+        with startup.WORKER.phase("critic model load"):
+            model = load_value_model(path, dtype=fsdp_config.model_dtype, remove_padding=remove_padding,
+                                     trust_remote_code=model_config.trust_remote_code,
+                                     override_config=model_config.override_config)
+            if lora is not None:
+                apply_lora(model, lora, value_head=True)
+        with startup.WORKER.phase("critic fsdp"):
+            self.engine = FSDPEngine(
+                model, fsdp_config=fsdp_config, optim_config=config.optim, grad_clip=config.grad_clip,
+                device=self.device, enable_gradient_checkpointing=_checkpointing(model_config),
+                lora_config=lora_config_dict(model, path, value_head=True) if lora is not None else None,
+                compile_layers=config.use_torch_compile)
         batching = critic_batching(config, self.world_size)
         self.critic = DataParallelPPOCritic(
             config, self.engine, mini_batch_size=batching.mini_batch_size, remove_padding=remove_padding,
@@ -365,9 +438,11 @@ class RewardModelWorker(_RoleWorker):
         fsdp_config = model_config.fsdp_config
         dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype  # frozen: no fp32 master copy
         self.remove_padding = model_config.use_remove_padding
-        model = load_reward_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
-                                  override_config=model_config.override_config, remove_padding=self.remove_padding)
-        self.engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=None, device=self.device)
+        with startup.WORKER.phase("rm model load"):
+            model = load_reward_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                      override_config=model_config.override_config, remove_padding=self.remove_padding)
+        with startup.WORKER.phase("rm fsdp"):
+            self.engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=None, device=self.device)
         self._batching = reward_model_batching(config, self.world_size)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -160,3 +160,40 @@ def test_groups_can_be_cancelled_waited_for_and_outnumber_the_first_allocation(m
     returned = set(by_uid(rest))
     assert returned == set(f"u{i}" for i in range(12)) - done - set(cancel) | {"v0", "v1"}
     assert all(len(rows) == 2 for rows in by_uid(rest).values())
+
+
+def test_a_serving_rollout_decodes_on_its_own_thread_takes_new_weights_and_pauses_for_validation(model, tiny_tokenizer):
+    """separate_async's rollout: groups handed over come back finished; weights staged while it decodes are in
+    effect for what it generates next (checked against a fresh engine on those weights, greedy); a synchronous call
+    in between (validation) runs on the paused engine."""
+    import copy
+
+    own = copy.deepcopy(model)  # the rollout's own copy: the test changes it
+    rollout = engine(own, tiny_tokenizer, do_sample=False)
+    server = rollout.serve()
+    try:
+        out, _ = rollout.generate_stream(prompts_of(tiny_tokenizer), version=0, until_groups=len(TEXTS))
+        assert sorted(by_uid(out)) == [f"u{i}" for i in range(len(TEXTS))]
+        assert (out.non_tensor_batch["rollout_max_version"] == 0).all()
+
+        new = {name: p.detach() * 1.3 for name, p in own.named_parameters()}
+        rollout.generate_stream(prompts_of(tiny_tokenizer, prefix="a"), version=0, until_groups=0)  # in flight
+        server.stage_weights(1, lambda: [p.copy_(new[name]) for name, p in own.named_parameters()])
+        val = rollout.generate_sequences(prompts_of(tiny_tokenizer))  # while groups are in flight
+        assert val.batch["responses"].shape == (len(TEXTS) * 2, LENGTH)
+        late, _ = rollout.generate_stream(prompts_of(tiny_tokenizer, prefix="b"), version=0, until_groups=2 * len(TEXTS))
+        assert set(by_uid(late)) == {f"{p}{i}" for p in "ab" for i in range(len(TEXTS))}
+        rows = [i for i, uid in enumerate(late.non_tensor_batch["uid"]) if uid.startswith("b")]
+        assert (late.non_tensor_batch["rollout_min_version"][rows] == 1).all()
+        updated = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in updated.named_parameters():
+                p.copy_(new[name])
+        fresh = engine(updated, tiny_tokenizer, do_sample=False).generate_sequences(
+            prompts_of(tiny_tokenizer, prefix="b"))
+        for uid, got in by_uid(late).items():
+            if uid.startswith("b"):
+                want = [i for i, u in enumerate(fresh.non_tensor_batch["uid"]) if u == uid]
+                assert torch.equal(late.batch["responses"][got], fresh.batch["responses"][want])
+    finally:
+        server.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 from verl.trainer.config.algorithm import AlgoConfig
 from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig, TrainerConfig
-from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutConfig
 from verl.workers.config.batching import CriticBatching, PolicyBatching, critic_batching, policy_batching
 
 __all__ = ["RunSpec", "need_critic", "need_reference_policy", "pool_layout", "resolve_run"]
@@ -43,12 +43,16 @@ def need_reference_policy(use_kl_in_reward: bool, use_kl_loss: bool) -> bool:
 
 
 def pool_layout(trainer: TrainerConfig, critic: CriticConfig, reward_model: RewardModelConfig, *, use_critic: bool,
-                use_rm: bool) -> tuple[dict[str, list[int]], dict[str, str]]:
+                use_rm: bool, rollout: RolloutConfig | None = None) -> tuple[dict[str, list[int]], dict[str, str]]:
     """The resource pools (name -> devices on each node) and the pool of each role: every role shares
     ``global_pool`` unless ``critic.enable_resource_pool`` or ``reward_model.enable_resource_pool`` gives it
-    devices of its own."""
+    devices of its own; with ``trainer.v1.trainer_mode=separate_async`` the rollout has ``rollout_pool``
+    (``rollout.n_gpus_per_node`` x ``rollout.nnodes``), and ``global_pool`` trains."""
     pools = {"global_pool": [trainer.n_gpus_per_node] * trainer.nnodes}
     mapping = {"actor_rollout": "global_pool"}
+    if trainer.v1.trainer_mode == "separate_async" and rollout is not None:
+        pools["rollout_pool"] = [rollout.n_gpus_per_node] * rollout.nnodes
+        mapping["rollout"] = "rollout_pool"
     for role, section, used in (("critic", critic, use_critic), ("rm", reward_model, use_rm)):
         if not used:
             continue
@@ -92,6 +96,11 @@ class RunSpec:
     def world_size(self, role: str) -> int:
         """Devices of the pool ``role`` runs on."""
         return sum(self.pools[self.role_pool[role]])
+
+    @property
+    def separate_rollout(self) -> bool:
+        """Whether the rollout runs on devices of its own (``separate_async``)."""
+        return "rollout" in self.role_pool
 
     @property
     def n_devices(self) -> int:
@@ -149,7 +158,8 @@ def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpoint
     use_critic = need_critic(critic.enable, section["algorithm"].adv_estimator)
     use_reference_policy = need_reference_policy(section["algorithm"].use_kl_in_reward, policy.actor.use_kl_loss)
     use_rm = section["reward_model"].enable
-    pools, role_pool = pool_layout(trainer, critic, section["reward_model"], use_critic=use_critic, use_rm=use_rm)
+    pools, role_pool = pool_layout(trainer, critic, section["reward_model"], use_critic=use_critic, use_rm=use_rm,
+                                   rollout=policy.rollout)
 
     total = trainer.total_training_steps
     if train_size is not None:

@@ -134,6 +134,17 @@ class AsyncRollout:
         })
         return batch, metrics, generation
 
+    def submit_ahead(self) -> None:
+        """Hand the rollout the prompts that refill the system now, without waiting for any group (a rollout on
+        devices of its own then decodes them while the trainer trains); what has finished meanwhile is kept.
+        With a threshold of 0 nothing is: a group generated before the coming update could not be trained after it."""
+        if self.threshold == 0:
+            return
+        self._refill()
+        finished = [out for out, _ in self.generate(self._requests(0, [])) if out is not None]
+        if finished:
+            self._finish(DataProto.concat(finished))
+
     def _drop_stale(self) -> int:
         if self.strategy != "drop":
             return 0

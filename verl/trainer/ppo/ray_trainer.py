@@ -88,6 +88,7 @@ class RayPPOTrainer:
         self.rollouts: AsyncRollout | None = None  # the asynchronous modes' groups in flight (see fit)
         self._reward_s = 0.0
         self._async_state: dict | None = None  # the groups in flight a resumed checkpoint holds
+        self._sync_address: str | None = None  # where the weight-sync group meets (separate_async)
         self.workers: WorkerGroups | None = None
         self.flops_counters: dict[str, FlopsCounter] = {}  # role -> counter of its model
 
@@ -329,6 +330,8 @@ class RayPPOTrainer:
             if self.rollouts is not None:
                 self._reward_s = 0.0
                 batch, async_metrics, timing_raw["gen"] = self.rollouts.next_batch(self.policy_version)
+                if config.separate_rollout:  # the rollout's devices decode the next groups while this step trains
+                    self.rollouts.submit_ahead()
                 batch.meta_info["global_steps"] = self.global_steps
                 timing_raw["reward"] = self._reward_s
                 metrics.update(async_metrics)
@@ -367,6 +370,9 @@ class RayPPOTrainer:
                 with simple_timer("update_actor", timing_raw):
                     output = groups.actor_rollout.update_actor(batch)
                 self.policy_version += 1
+                if config.separate_rollout:
+                    with simple_timer("update_weights", timing_raw):
+                        metrics.update(self._send_weights())
                 if fused_old_log_prob:
                     batch = self._add_old_log_probs(batch, output, metrics)
                 metrics.update(reduce_metrics(output.meta_info["metrics"]))
@@ -394,8 +400,22 @@ class RayPPOTrainer:
         return metrics
 
     def _validate(self) -> dict:
-        return validate(self.spec, self.workers.actor_rollout, self.val_dataset, self.val_reward_fn,
+        return validate(self.spec, self.workers.rollout, self.val_dataset, self.val_reward_fn,
                         self.tokenizer, self.global_steps)
+
+    def _send_weights(self) -> dict:
+        """``separate_async``: the actor's weights to the rollout's own workers (their decoding goes on meanwhile;
+        the groups in flight continue with the new weights), tagged with the policy version."""
+        groups = self.workers
+        if self._sync_address is None:
+            self._sync_address = groups.actor_rollout.weight_sync_address()
+        world = 1 + groups.rollout.world_size
+        sent = groups.actor_rollout.send_weights(self._sync_address, world)
+        received = groups.rollout.receive_weights(self._sync_address, world, self.policy_version)
+        stats = sent.get()[0]
+        received.get()
+        return {"perf/weight_sync_gb": stats.get("bytes", 0) / 2**30,
+                "perf/weight_sync_buckets": stats.get("buckets", 0)}
 
     def _train_batches(self):
         """Batches of prompts, epoch after epoch (the sampler moves to the next epoch each pass). With
@@ -424,9 +444,9 @@ class RayPPOTrainer:
             return rows
 
         rollouts = AsyncRollout(
-            batch_size=self.spec.data.train_batch_size, world_size=self.workers.actor_rollout.world_size,
+            batch_size=self.spec.data.train_batch_size, world_size=self.workers.rollout.world_size,
             threshold=v1.sampler.max_off_policy_threshold, strategy=v1.sampler.max_off_policy_strategy,
-            warmup_batches=v1.num_warmup_batches, prompts=batches, generate=self.workers.actor_rollout.generate_stream,
+            warmup_batches=v1.num_warmup_batches, prompts=batches, generate=self.workers.rollout.generate_stream,
             score=score, keep_group=keep_group)
         if self._async_state is not None:
             rollouts.load_state_dict(self._async_state, self.policy_version)
@@ -453,6 +473,8 @@ class RayPPOTrainer:
         last_metrics: dict = {}
         try:
             self._load_checkpoint()
+            if self.spec.separate_rollout and self.policy_version:  # the rollout loaded model.path, not the checkpoint
+                self._send_weights()
             if self.global_steps:
                 tracker.resumed_at(self.global_steps)
             if self.val_dataset is not None and trainer.val_before_train:
@@ -473,6 +495,7 @@ class RayPPOTrainer:
                                 self.global_steps - 1)
                     break
                 tracker.log(last_metrics, step=self.global_steps)
+                self.workers.log_startup(last_metrics)  # once, after the first step: where start-up time went
         finally:
             tracker.finish()
         return last_metrics

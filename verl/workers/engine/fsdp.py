@@ -348,25 +348,31 @@ class FSDPEngine:
                     if unit is not self.module:  # the root never reshards after forward (see shard_model)
                         unit.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
 
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor, list[str]]]:
+        """Each tensor of the model's state dict whole, on the compute device in the master dtype, one at a time:
+        ``(name, tensor, other names of a tied tensor)``. Each one is a collective: every rank must iterate it
+        to the end."""
+        state = self.module.state_dict(keep_vars=True)
+        names: dict[int, list[str]] = {}
+        for name, value in state.items():
+            names.setdefault(id(value), []).append(name)
+        with self.on_device():
+            for first, *tied in names.values():
+                tensor = state[first].detach()
+                if isinstance(tensor, DTensor):
+                    tensor = tensor.to(self.device).full_tensor()
+                yield first, tensor, tied
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full model state dict on CPU in the master dtype on rank 0 ({} elsewhere). Collective.
 
         Tied weights map to one tensor under both names.
         """
         full: dict[str, torch.Tensor] = {}
-        first_name: dict[int, str] = {}
-        with self.on_device():
-            for name, value in self.module.state_dict(keep_vars=True).items():
-                if id(value) in first_name:
-                    if self.rank == 0:
-                        full[name] = full[first_name[id(value)]]
-                    continue
-                first_name[id(value)] = name
-                tensor = value.detach()
-                if isinstance(tensor, DTensor):
-                    tensor = tensor.to(self.device).full_tensor()
-                if self.rank == 0:
-                    full[name] = tensor.to("cpu", copy=True)
+        for name, tensor, tied in self.full_tensors():
+            if self.rank == 0:
+                full[name] = tensor.to("cpu", copy=True)
+                full.update(dict.fromkeys(tied, full[name]))
         return full
 
     def save_checkpoint(self, local_path: str, *, save_contents: Iterable[str] = ("model", "optimizer", "extra"),

@@ -35,14 +35,18 @@ either moved.
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils import startup
 from verl.workers.rollout.base import BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output, check_left_padded
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
 from verl.workers.rollout.native.model import DecoderWeights
 from verl.workers.rollout.native.scheduler import Run, SlotState
-from verl.workers.rollout.native.stream import StreamRun
+from verl.workers.rollout.native.stream import StreamRun, StreamServer
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
 
 __all__ = ["NativeRollout"]
@@ -73,17 +77,18 @@ class _DecodeGraphs:
             graph.replay()
             return logits
         # The warm-up is this step's real computation (same inputs), then the capture records it.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            logits = step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_logits = step()
-        self.pool = graph.pool()
-        self.graphs[b] = (graph, static_logits)
-        self.captures += 1
+        with startup.WORKER.phase("cuda graph capture"):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits = step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_logits = step()
+            self.pool = graph.pool()
+            self.graphs[b] = (graph, static_logits)
+            self.captures += 1
         return logits
 
 
@@ -108,6 +113,7 @@ class NativeRollout(BaseRollout):
         self.profile = False
         self.last_stats: dict = {}
         self.stream: StreamRun | None = None  # the asynchronous trainer's groups in flight
+        self.server: StreamServer | None = None  # the same, decoded on a thread of its own (separate_async)
 
     def free_cache(self) -> None:
         """Release the KV cache and the captured graphs (their memory pool)."""
@@ -117,7 +123,8 @@ class NativeRollout(BaseRollout):
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         params = self.sampling_params(prompts.meta_info)
-        responses, log_probs, _ = self._generate(prompts, params, None)
+        with self.server.paused() if self.server is not None else contextlib.nullcontext():
+            responses, log_probs, _ = self._generate(prompts, params, None)
         return build_rollout_output(prompts, responses, log_probs, params)
 
     @torch.no_grad()
@@ -143,6 +150,9 @@ class NativeRollout(BaseRollout):
         Returns the finished groups' rows as :func:`build_rollout_output` builds them (prompts as submitted),
         with ``rollout_min_version``/``rollout_max_version`` per row in ``non_tensor_batch`` (the policy
         versions of its first and last generated tokens), or None; and the call's statistics."""
+        if self.server is not None:
+            chunks, stats = self.server.exchange(prompts, cancel_uids, until_groups, wait_uids)
+            return self._stream_output(chunks, self.server.stream.params), stats
         self.weights.bind()
         if self.stream is None:
             params = self.sampling_params({})
@@ -152,7 +162,7 @@ class NativeRollout(BaseRollout):
         if prompts is not None and len(prompts):
             check_left_padded(prompts.batch["attention_mask"])
             stream.add(prompts)
-        waiting = sum(stream.n - g.done for g in stream.groups.values())
+        waiting = stream.active_rows()
         stats = {"cancelled_groups": cancelled}
         if waiting:
             self._ensure_cache(waiting, self._cache_length(stream.width, stream.params.response_length))
@@ -163,13 +173,29 @@ class NativeRollout(BaseRollout):
                 stream.suspend()
                 if self.config.free_cache_engine:
                     self.free_cache()
-        groups, tokens, log_probs, first, last = stream.take_finished()
-        stats.update(finished_groups=len(groups), in_flight_groups=len(stream))
+        chunk = stream.take_finished()
+        stats.update(finished_groups=len(chunk[0]), in_flight_groups=len(stream))
+        return self._stream_output([chunk], stream.params), stats
+
+    def serve(self) -> StreamServer:
+        """Turn this engine into a rollout that decodes on its own thread (``separate_async``): from now on
+        :meth:`generate_stream` hands groups over to it and takes the finished ones, and new weights go through
+        ``server.stage_weights``. The module must be this worker's own copy (no other code changes it)."""
+        if self.server is None:
+            self.weights.bind()
+            self.server = StreamServer(self, self.sampling_params({}), width=int(self.config.prompt_length))
+        return self.server
+
+    @staticmethod
+    def _stream_output(chunks: list, params) -> DataProto | None:
+        groups = [g for chunk in chunks for g in chunk[0]]
         if not groups:
-            return None, stats
-        output = build_rollout_output(DataProto.concat([g.prompt for g in groups]), tokens, log_probs, stream.params)
+            return None
+        tokens, log_probs = (torch.cat([chunk[i] for chunk in chunks if len(chunk[0])]) for i in (1, 2))
+        first, last = (np.concatenate([chunk[i] for chunk in chunks if len(chunk[0])]) for i in (3, 4))
+        output = build_rollout_output(DataProto.concat([g.prompt for g in groups]), tokens, log_probs, params)
         output.non_tensor_batch.update(rollout_min_version=first, rollout_max_version=last)
-        return output, stats
+        return output
 
     def _generate(self, prompts: DataProto, params, on_turn):
         check_left_padded(prompts.batch["attention_mask"])

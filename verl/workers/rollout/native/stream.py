@@ -18,8 +18,11 @@ an asynchronous trainer allowed no staleness reproduces the synchronous one.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +32,7 @@ from verl.protocol import DataProto
 from verl.workers.rollout.native.model import prefill
 from verl.workers.rollout.native.scheduler import Run
 
-__all__ = ["StreamRun"]
+__all__ = ["StreamRun", "StreamServer"]
 
 
 @dataclass
@@ -140,29 +143,50 @@ class StreamRun(Run):
         """Decode until at least ``until_groups`` groups have finished (counting those finished earlier and not
         yet taken) and every group named in ``wait_uids`` has, or until nothing is left to run; then suspend
         the rows still running. The engine has allocated the cache. Returns the call's statistics."""
-        self.version = int(version)
-        self._attach(generator)
         wait = set(map(str, wait_uids))
-        captures = self.engine.graphs.captures
-        self.stats.update(resumed=len(self.resuming), resume_prefill_s=0.0)
 
         def satisfied() -> bool:
             if len(self.finished) < until_groups:
                 return False
             return not wait or not wait & {g.uid for p, g in self.groups.items() if g.done < self.n}
 
+        self.begin(version, generator)
         if not satisfied():
             self._admit()
             # The synchronous scheduler's loop (Run.generate), stopping early once the call has what it needs.
-            while (self.slot_row >= 0).any() and not satisfied():
-                self._decode(np.flatnonzero(self.slot_row >= 0))
-                if self.waiting or self.resuming:
-                    self._admit()
-                else:
-                    self._compact()
+            while self.running() and not satisfied():
+                self.advance()
         self.suspend()
-        self.stats["graph_captures"] = self.engine.graphs.captures - captures
         return self.stats
+
+    def begin(self, version: int, generator: torch.Generator) -> None:
+        """Take the engine's cache (all slots free) to decode with the weights of policy ``version``."""
+        self.version = int(version)
+        self._attach(generator)
+        self._captures = self.engine.graphs.captures
+        self.stats.update(resumed=len(self.resuming), resume_prefill_s=0.0)
+
+    def advance(self) -> None:
+        """One round of the synchronous scheduler: decode the running slots a few steps, then refill the freed
+        slots (or pack the running rows into fewer)."""
+        if self.running():
+            self._decode(np.flatnonzero(self.slot_row >= 0))
+        if self.waiting or self.resuming:
+            self._admit()
+        else:
+            self._compact()
+        self.stats["graph_captures"] = self.engine.graphs.captures - self._captures
+
+    def running(self) -> bool:
+        return bool((self.slot_row >= 0).any())
+
+    def busy(self) -> bool:
+        """Whether any row is running or waits to (new, or suspended)."""
+        return bool(self.waiting or self.resuming or (self.state is not None and self.running()))
+
+    def active_rows(self) -> int:
+        """Rows of the groups not finished yet (what a cache for this stream should hold)."""
+        return sum(self.n - g.done for g in self.groups.values())
 
     def suspend(self) -> None:
         """Keep the tokens of every running row, free its slot, and let go of the cache: the next run prefills
@@ -308,3 +332,162 @@ class StreamRun(Run):
         self.capacity, self.rows = capacity, rows
         if self.state is not None:  # slots that run nothing write to the new sink
             self.state.row.masked_fill_(self.state.row == old_sink, rows)
+
+
+class StreamServer:
+    """A :class:`StreamRun` that never waits for the trainer (``separate_async``): a thread of its own decodes
+    whenever groups are in flight, on a rollout worker that holds its own copy of the weights.
+
+    Callers (the worker's methods, on another thread) hand over prompts and take finished groups with
+    :meth:`exchange`, and hand over new weights with :meth:`stage_weights`; the thread applies them between two
+    rounds of decoding, and the rows in flight resume with them (their keys/values prefilled again: partial
+    rollout). :meth:`paused` lends the engine to a synchronous call (validation) meanwhile.
+    """
+
+    def __init__(self, engine, params, width: int):
+        self.engine, self.stream = engine, StreamRun(engine, params, width)
+        self.cond = threading.Condition()
+        self.inbox: list[tuple[str, object]] = []  # ("add", prompts) or ("cancel", uids), in order
+        self.ready: list[tuple] = []  # finished groups, as StreamRun.take_finished gives them
+        self.in_flight: set[str] = set()  # uids handed over and not returned (nor cancelled)
+        self.staged: tuple[int, Callable[[], None]] | None = None  # (version, apply) of the next weights
+        self.version, self.pauses, self.paused_now = 0, 0, False
+        self.error: BaseException | None = None
+        self.closing = False
+        self.stats = {"resumed": 0, "resume_prefill_s": 0.0, "weight_updates": 0}
+        self.generator = engine._generator({})
+        self.thread = threading.Thread(target=self._serve, name="verl-rollout-stream", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ the callers' side
+    def exchange(self, prompts: DataProto | None, cancel_uids, until_groups: int, wait_uids=()) -> tuple[list, dict]:
+        """Hand over ``prompts`` and cancellations, then wait until ``until_groups`` finished groups (and those of
+        ``wait_uids``) can be returned, or until nothing is left in flight; returns every finished group so far
+        (the chunks of :meth:`StreamRun.take_finished`) and the statistics since the last exchange."""
+        wait = set(map(str, wait_uids))
+        with self.cond:
+            self._raise()
+            if len(cancel_uids):
+                self.inbox.append(("cancel", list(cancel_uids)))
+                self.in_flight -= set(map(str, cancel_uids))
+            if prompts is not None and len(prompts):
+                self.inbox.append(("add", prompts))
+                self.in_flight |= set(map(str, prompts.non_tensor_batch["uid"]))
+            self.cond.notify_all()
+
+            def done() -> bool:
+                if self.error is not None or not (self.in_flight or self.inbox):
+                    return True
+                ready = {g.uid for chunk in self.ready for g in chunk[0]}
+                return len(ready) >= until_groups and not wait & self.in_flight
+
+            self.cond.wait_for(done)
+            self._raise()
+            ready, self.ready = self.ready, []
+            stats, self.stats = self.stats, {"resumed": 0, "resume_prefill_s": 0.0, "weight_updates": 0}
+        return ready, stats
+
+    def stage_weights(self, version: int, apply: Callable[[], None]) -> None:
+        """``apply()`` copies new weights into the module; the thread calls it between two rounds of decoding."""
+        with self.cond:
+            self._raise()
+            self.staged = (int(version), apply)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.staged is None or self.error is not None)
+            self._raise()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Within the block the thread decodes nothing and holds no cache (rows in flight are suspended)."""
+        with self.cond:
+            self.pauses += 1
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.paused_now or self.error is not None)
+            self._raise()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.pauses -= 1
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        self.thread.join(timeout=60)
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the rollout's generation thread failed: {self.error!r}") from self.error
+
+    # ------------------------------------------------------------------ the thread
+    def _serve(self) -> None:
+        stream, attached = self.stream, False
+        try:
+            while True:
+                with self.cond:
+                    while True:
+                        if self.closing:
+                            return
+                        grow = self._take_inbox() and attached and self._cache_too_small()
+                        if attached and (self.staged is not None or self.pauses or grow):
+                            self._detach()
+                            attached = False
+                        if self.staged is not None:
+                            version, apply = self.staged
+                            with torch.no_grad():
+                                apply()
+                            self.version, self.staged = version, None
+                            self.stats["weight_updates"] += 1
+                            self.cond.notify_all()
+                        self.paused_now = bool(self.pauses)
+                        if self.paused_now:
+                            self.cond.notify_all()
+                        elif stream.busy():
+                            break
+                        self.cond.wait()
+                if not attached:
+                    self.engine.weights.bind()
+                    self.engine._ensure_cache(max(1, stream.active_rows()), self.engine._cache_length(
+                        stream.width, stream.params.response_length))
+                    stream.begin(self.version, self.generator)
+                    self.stats["resumed"] += len(stream.resuming)
+                    attached = True
+                with torch.no_grad():
+                    stream.advance()
+                if stream.finished:
+                    with self.cond:
+                        self._hand_out()
+        except BaseException as err:  # noqa: BLE001 -- reported to every caller
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def _take_inbox(self) -> bool:
+        """Apply queued additions and cancellations; whether new rows came."""
+        added = False
+        for kind, item in self.inbox:
+            if kind == "add":
+                self.stream.add(item)
+                added = True
+            else:
+                self.stream.cancel(item)
+        self.inbox = []
+        return added
+
+    def _cache_too_small(self) -> bool:
+        wanted = min(self.stream.active_rows(), int(self.engine.config.max_num_seqs))
+        return self.engine.cache is None or self.engine.cache.num_slots < wanted
+
+    def _detach(self) -> None:
+        self.stats["resume_prefill_s"] += self.stream.stats.get("resume_prefill_s", 0.0)
+        self.stream.suspend()
+        if self.stream.finished:
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        chunk = self.stream.take_finished()
+        self.in_flight -= {g.uid for g in chunk[0]}
+        self.ready.append(chunk)
+        self.cond.notify_all()
