@@ -65,6 +65,8 @@ class Settings:
     rl_n: int = 8  # samples per prompt
     rl_lr: float = 2e-4
     test_freq: int = 5
+    trainer_mode: str = "sync"  # or colocate_async: generation streams across steps (trainer.v1.trainer_mode)
+    max_off_policy_threshold: int = 2  # colocate_async: how many policy versions old a sample may be
     workers: int = 2  # Ray worker processes ("devices"); 2 beat 1 by ~15% on 2 cores
     started_at: float = 0.0  # Unix time the run began; make passes its own start, so the total includes setup
 
@@ -196,7 +198,11 @@ def run_grpo(s: Settings, paths: dict, lengths: dict, sft_model: str) -> None:
         f"trainer.total_training_steps={s.rl_steps}", "trainer.val_before_train=true",
         f"trainer.test_freq={s.test_freq}", f"trainer.save_freq={s.rl_steps}", "trainer.resume_mode=disable",
         f"trainer.default_local_dir={paths['rl_checkpoints']}", "trainer.logger=[console,file]",
-        "trainer.project_name=demo", "trainer.experiment_name=grpo",
+        "trainer.project_name=demo", "trainer.experiment_name=grpo", f"trainer.v1.trainer_mode={s.trainer_mode}",
+        *([f"trainer.v1.sampler.max_off_policy_threshold={s.max_off_policy_threshold}",
+           # samples of older policy versions weighed by pi_old / pi_rollout (truncated), as the original advises
+           "actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token"]
+          if s.trainer_mode != "sync" else []),
     ], os.path.join(paths["rl"], "train.log"),
         compact_keys={"critic/score/mean": "reward", VAL_ACC: "held-out accuracy",
                       VAL_TRUNCATED: "held-out one digit short", "actor/entropy": "entropy", "timing_s/step": "s/step"},
@@ -253,6 +259,7 @@ def summarize(s: Settings, paths: dict, timings: dict, examples: list[dict], mod
     total = time.time() - started_at
     summary = {
         "seed": s.seed, "settings": asdict(s), "model_parameters": model_info["params"],
+        "lengths": {k: model_info[k] for k in ("prompt_len", "response_len")},
         "accuracy_before_rl": before[VAL_ACC], "accuracy_after_rl": after[VAL_ACC],
         "truncated_before_rl": before.get(VAL_TRUNCATED), "truncated_after_rl": after.get(VAL_TRUNCATED),
         "validation_steps": [step for step, _ in val], "val_accuracy": [d[VAL_ACC] for _, d in val],
