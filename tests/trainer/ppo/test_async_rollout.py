@@ -2,6 +2,8 @@
 system, which groups a batch takes, what drop and wait do with groups past the staleness threshold, and what a
 checkpoint keeps. Every expectation below is worked out by hand from the script."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +19,9 @@ class ScriptedRollout:
     group in flight by one. A call decodes rounds until it has ``until_groups`` finished groups (or the groups of
     ``wait_uids``), as the engine does, and reports the versions each group generated with."""
 
-    def __init__(self, lengths: dict[int, int], world_size: int = 1):
+    def __init__(self, lengths: dict[int, int], world_size: int = 1, eager: bool = False):
         self.lengths, self.world_size = lengths, world_size
+        self.eager = eager  # a rollout of its own: a group starts generating when it is handed over
         self.running = [dict() for _ in range(world_size)]  # per rank: uid -> [prompt id, rounds left, first, last]
         self.calls, self.submitted, self.cancelled = [], [], []
 
@@ -31,7 +34,8 @@ class ScriptedRollout:
                 self.cancelled.append(running.pop(uid)[0])
             if request["prompts"] is not None:
                 for uid, p in zip(request["prompts"].non_tensor_batch["uid"], request["prompts"].non_tensor_batch["p"]):
-                    running[uid] = [int(p), self.lengths[int(p)], None, None]
+                    start = request["version"] if self.eager else None
+                    running[uid] = [int(p), self.lengths[int(p)], start, start]
                     self.submitted.append(int(p))
             finished, version = [], request["version"]
             wait = set(request["wait_uids"])
@@ -67,11 +71,12 @@ def scored(rows: DataProto) -> DataProto:
     return rows
 
 
-def make(lengths, *, threshold, strategy="drop", warmup=1, batch_size=2, count=40, world_size=1, keep_group=None):
-    rollout = ScriptedRollout(lengths, world_size)
+def make(lengths, *, threshold, strategy="drop", warmup=1, batch_size=2, count=40, world_size=1, keep_group=None,
+         separate=False):
+    rollout = ScriptedRollout(lengths, world_size, eager=separate)
     buffer = AsyncRollout(batch_size=batch_size, world_size=world_size, threshold=threshold, strategy=strategy,
                           warmup_batches=warmup, prompts=batches(count, batch_size), generate=rollout, score=scored,
-                          keep_group=keep_group)
+                          keep_group=keep_group, ahead_of_update=separate)
     return buffer, rollout
 
 
@@ -130,6 +135,37 @@ def test_wait_trains_a_slow_group_in_time_instead_of_dropping_it():
     assert trained(batch) == [0, 3]
     assert metrics["async/waits"] == 1 and metrics["async/staleness/max"] == 1 and metrics["async/dropped_samples"] == 0
     assert rollout.calls[-1][0]["wait_uids"] and not rollout.cancelled
+
+
+def test_a_rollout_of_its_own_gets_the_next_batch_before_the_update_and_one_batch_fewer_in_flight():
+    # Threshold 1, one batch ahead, as the one-step-off recipe: the next groups are handed over before each update
+    # (tagged with the version they are generated with), so one batch in flight is enough and trains at age 1.
+    buffer, rollout = make(dict.fromkeys(range(40), 3), threshold=1, strategy="wait", separate=True)
+    ages = []
+    for version in range(6):
+        batch, metrics, _ = buffer.next_batch(version)
+        buffer.submit_ahead()
+        ages.append(metrics["async/staleness/max"])
+        assert metrics["async/dropped_samples"] == 0
+    assert buffer.capacity == 2 and ages == [0, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("strategy", ["drop", "wait"])
+def test_no_batch_trains_a_group_older_than_the_threshold(strategy, separate):
+    """Random lengths (most groups fast, some 15 rounds): younger groups overtake older ones, and wait must still
+    take the older ones in time (earliest deadline first) while drop removes them."""
+    for seed in range(12):
+        rnd = random.Random(seed)
+        lengths = {p: rnd.choice([1, 1, 2, 3, 8, 15]) for p in range(400)}
+        for threshold, warmup in ((1, 1), (2, 2), (2, 5), (3, 3)):
+            buffer, _ = make(lengths, threshold=threshold, strategy=strategy, warmup=warmup, batch_size=3, count=400,
+                             separate=separate)
+            for version in range(12):
+                batch, metrics, _ = buffer.next_batch(version)
+                buffer.submit_ahead()
+                assert metrics["async/staleness/max"] <= threshold, (seed, threshold, warmup, version)
+                assert len(batch) == 3 * N
 
 
 def test_groups_are_spread_over_ranks_in_contiguous_chunks():

@@ -197,3 +197,21 @@ def test_a_serving_rollout_decodes_on_its_own_thread_takes_new_weights_and_pause
                 assert torch.equal(late.batch["responses"][got], fresh.batch["responses"][want])
     finally:
         server.close()
+
+
+def test_a_call_with_fewer_slots_than_rows_suspended_resumes_them_as_slots_free(model, tiny_tokenizer):
+    """On a GPU each call sizes the cache from the memory free at that moment, which can be less than the last
+    call had: suspended rows wait for slots like new ones (with greedy decoding, the outcome is the same)."""
+    import dataclasses
+
+    prompts = prompts_of(tiny_tokenizer, TEXTS * 2)
+    whole = engine(model, tiny_tokenizer, do_sample=False, ignore_eos=True).generate_sequences(prompts)
+    rollout = engine(model, tiny_tokenizer, do_sample=False, ignore_eos=True, max_num_seqs=8)
+    first, _ = rollout.generate_stream(prompts, version=0, until_groups=1)
+    assert len(rollout.stream.resuming) > 2  # rows admitted after the first groups finished, then suspended
+    rollout.config = dataclasses.replace(rollout.config, max_num_seqs=2)  # the next call gets 2 slots
+    rest, _ = rollout.generate_stream(None, version=0, until_groups=len(prompts))
+    got = DataProto.concat([first, rest])
+    for uid, rows in by_uid(got).items():
+        expected = [i for i, u in enumerate(whole.non_tensor_batch["uid"]) if u == uid]
+        assert torch.equal(got.batch["responses"][rows], whole.batch["responses"][expected])

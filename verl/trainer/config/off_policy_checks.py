@@ -58,6 +58,9 @@ def check_trainer_mode(run: Run) -> Iterator[Issue]:
     if run.get(f"{ROLLOUT}.multi_turn.enable"):
         yield error(f"{ROLLOUT}.multi_turn.enable", f"multi-turn rollouts run in {V1}.trainer_mode=sync only here. "
                                                     f"Set {V1}.trainer_mode=sync")
+    if run.get("algorithm.filter_groups.enable") and run.get("algorithm.filter_groups.max_num_gen_batches"):
+        yield warn("algorithm.filter_groups.max_num_gen_batches", f"is not read with {why}: a group the filter drops "
+                                                                  "is replaced by a new prompt, without a limit")
     if run.get("algorithm.adv_estimator") == "remax":
         yield error("algorithm.adv_estimator", f"remax generates a greedy baseline with the current policy every step, "
                                                f"which {why} does not do. Use grpo or rloo, or {V1}.trainer_mode=sync")

@@ -13,13 +13,16 @@ trainer.v1.sampler.max_off_policy_threshold``:
 
 - ``drop``: a group past the threshold, finished or not, is dropped (its rollout cancelled) and a new prompt
   takes its place;
-- ``wait``: before a batch is taken, the groups in flight that reached the threshold are waited for (the rollout
-  decodes until they finish), so they are trained in time.
+- ``wait``: nothing is dropped; a batch takes the groups without which some group could no longer be trained in
+  time (one batch per version, earliest deadline first, finished ones preferred among equals), waiting for the
+  ones among them still in flight, and fills up with the oldest finished groups.
 
 **How many groups are in the system** (in flight, or finished and not trained yet): ``1 + num_warmup_batches``
 batches, but never more than a new group could still be trained within the threshold, so ``(1 +
 min(num_warmup_batches, threshold)) x data.train_batch_size``. With a threshold of 0 that is one batch, generated
-and trained at the same version: the synchronous trainer, step for step.
+and trained at the same version: the synchronous trainer, step for step. A rollout of its own is handed the next
+groups before the update (:meth:`AsyncRollout.submit_ahead`), a version earlier: one batch fewer then, ``min(1 +
+num_warmup_batches, threshold)`` batches (at least one).
 
 The rollout itself is reached through ``generate(requests)``: one request per rollout rank (new prompts, groups to
 cancel, how many groups to finish, which groups to wait for), one ``(finished rows or None, statistics)`` back
@@ -66,14 +69,20 @@ class AsyncRollout:
         score: adds ``token_level_scores`` (and the reward's extra info) to finished rows.
         keep_group: DAPO's dynamic sampling: whether a finished, scored group may be trained (else it is
             replaced by a new prompt); None keeps every group.
+        ahead_of_update: the rollout runs on devices of its own and :meth:`submit_ahead` hands it the next groups
+            before each update (``separate_async``).
     """
 
     def __init__(self, *, batch_size: int, world_size: int, threshold: int, strategy: str, warmup_batches: int,
                  prompts: Iterator[dict], generate: Callable[[list[dict]], list],
-                 score: Callable[[DataProto], DataProto], keep_group: Callable[[DataProto], bool] | None = None):
+                 score: Callable[[DataProto], DataProto], keep_group: Callable[[DataProto], bool] | None = None,
+                 ahead_of_update: bool = False):
         self.batch_size, self.world_size = batch_size, world_size
         self.threshold, self.strategy = threshold, strategy
-        self.capacity = (1 + min(warmup_batches, threshold)) * batch_size
+        self.ahead_of_update = ahead_of_update and threshold > 0
+        batches = max(1, min(1 + warmup_batches, threshold)) if self.ahead_of_update else \
+            1 + min(warmup_batches, threshold)
+        self.capacity = batches * batch_size
         self.prompts, self.generate, self.score, self.keep_group = prompts, generate, score, keep_group
         self.groups: dict[str, _Group] = {}  # untrained groups, in submission order
         self.queue: deque[DataProto] = deque()  # prompts taken from the dataloader, not submitted yet
@@ -96,12 +105,14 @@ class AsyncRollout:
             counts["dropped"] += self._drop_stale()
             self._refill()
             ready = [g for g in self.groups.values() if g.rows is not None]
-            in_flight = [g for g in self.groups.values() if g.rows is None]
-            overdue = ([g for g in in_flight if version - g.version >= self.threshold]
-                       if self.strategy == "wait" else [])
-            if len(ready) >= self.batch_size and not overdue:
-                break
-            if not in_flight:
+            overdue = []
+            if len(ready) >= self.batch_size:
+                if self.strategy != "wait":
+                    break
+                overdue = [g for g in self._due() if g.rows is None]
+                if not overdue:
+                    break
+            elif len(ready) == len(self.groups):
                 raise StopIteration(f"the data is used up: {len(ready)} finished groups left, fewer than "
                                     f"data.train_batch_size={self.batch_size}")
             tic = time.perf_counter()
@@ -118,7 +129,9 @@ class AsyncRollout:
                 resume_prefill = max(resume_prefill, float(stats.get("resume_prefill_s", 0.0)))
             if finished:
                 counts["filtered"] += self._finish(DataProto.concat(finished))
-        chosen = sorted(ready, key=lambda g: g.seq)[: self.batch_size]
+        due = self._due() if self.strategy == "wait" else []
+        rest = [g for g in sorted(ready, key=lambda g: g.seq) if g not in due]
+        chosen = sorted(due + rest[: self.batch_size - len(due)], key=lambda g: g.seq)
         for g in chosen:
             del self.groups[g.uid]
         batch = DataProto.concat([g.rows for g in chosen])
@@ -138,12 +151,23 @@ class AsyncRollout:
         """Hand the rollout the prompts that refill the system now, without waiting for any group (a rollout on
         devices of its own then decodes them while the trainer trains); what has finished meanwhile is kept.
         With a threshold of 0 nothing is: a group generated before the coming update could not be trained after it."""
-        if self.threshold == 0:
+        if not self.ahead_of_update:
             return
         self._refill()
         finished = [out for out, _ in self.generate(self._requests(0, [])) if out is not None]
         if finished:
             self._finish(DataProto.concat(finished))
+
+    def _due(self) -> list[_Group]:
+        """The groups this batch must take so that every group can still be trained by its deadline (its version
+        plus the threshold) at one batch per version: earliest deadline first, finished ones first among equals."""
+        groups = sorted(self.groups.values(), key=lambda g: (g.version, g.rows is None, g.seq))
+        due: list[_Group] = []
+        for i, g in enumerate(groups):
+            # groups[:i + 1] must all be trained within the batches of versions version .. g.version + threshold
+            need = min(self.batch_size, i + 1 - (g.version + self.threshold - self.version) * self.batch_size)
+            due += [h for h in groups[:i + 1] if h not in due][: max(0, need - len(due))]
+        return due
 
     def _drop_stale(self) -> int:
         if self.strategy != "drop":

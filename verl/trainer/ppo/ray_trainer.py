@@ -166,6 +166,10 @@ class RayPPOTrainer:
         self.global_steps = checkpointing.step_of(path)
         self.policy_version = int(state.get("policy_version", self.global_steps))
         self._async_state = state.get("async_rollout")
+        if self._async_state is not None and not self.spec.trainer.v1.asynchronous:
+            held = len(self._async_state["groups"]) + len(self._async_state["queue"])
+            logger.warning("%s was saved by an asynchronous run holding %d prompt(s) not trained yet; this synchronous "
+                           "run goes on from the dataloader's position and will not train them", path, held)
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder the batch so that each data-parallel rank gets a similar number of tokens."""
@@ -330,8 +334,7 @@ class RayPPOTrainer:
             if self.rollouts is not None:
                 self._reward_s = 0.0
                 batch, async_metrics, timing_raw["gen"] = self.rollouts.next_batch(self.policy_version)
-                if config.separate_rollout:  # the rollout's devices decode the next groups while this step trains
-                    self.rollouts.submit_ahead()
+                self.rollouts.submit_ahead()  # separate_async: its devices decode the next groups during the update
                 batch.meta_info["global_steps"] = self.global_steps
                 timing_raw["reward"] = self._reward_s
                 metrics.update(async_metrics)
@@ -447,7 +450,7 @@ class RayPPOTrainer:
             batch_size=self.spec.data.train_batch_size, world_size=self.workers.rollout.world_size,
             threshold=v1.sampler.max_off_policy_threshold, strategy=v1.sampler.max_off_policy_strategy,
             warmup_batches=v1.num_warmup_batches, prompts=batches, generate=self.workers.rollout.generate_stream,
-            score=score, keep_group=keep_group)
+            score=score, keep_group=keep_group, ahead_of_update=self.spec.separate_rollout)
         if self._async_state is not None:
             rollouts.load_state_dict(self._async_state, self.policy_version)
         return rollouts

@@ -84,7 +84,8 @@ class _DecodeGraphs:
                 logits = step()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: a separate_async rollout receives weights (allocating) on another thread meanwhile.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 static_logits = step()
             self.pool = graph.pool()
             self.graphs[b] = (graph, static_logits)

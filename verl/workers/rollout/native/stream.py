@@ -236,6 +236,8 @@ class StreamRun(Run):
         tic = self._tic()
         free = [int(x) for x in np.flatnonzero(self.slot_row < 0)]
         take = [self.resuming.popleft() for _ in range(min(len(free), len(self.resuming)))]
+        if not take:  # every slot runs (this call's cache may hold fewer slots than the last one suspended)
+            return
         take.sort(key=lambda r: self.row_steps[r])
         chunk: list[int] = []
         for row in take + [None]:
@@ -355,7 +357,6 @@ class StreamServer:
         self.error: BaseException | None = None
         self.closing = False
         self.stats = {"resumed": 0, "resume_prefill_s": 0.0, "weight_updates": 0}
-        self.generator = engine._generator({})
         self.thread = threading.Thread(target=self._serve, name="verl-rollout-stream", daemon=True)
         self.thread.start()
 
@@ -412,8 +413,10 @@ class StreamServer:
                 self.cond.notify_all()
 
     def close(self) -> None:
+        """Stop the thread; callers still waiting get an error."""
         with self.cond:
             self.closing = True
+            self.error = self.error or RuntimeError("the rollout's generation thread was closed")
             self.cond.notify_all()
         self.thread.join(timeout=60)
 
@@ -451,8 +454,10 @@ class StreamServer:
                     self.engine.weights.bind()
                     self.engine._ensure_cache(max(1, stream.active_rows()), self.engine._cache_length(
                         stream.width, stream.params.response_length))
-                    stream.begin(self.version, self.generator)
-                    self.stats["resumed"] += len(stream.resuming)
+                    # A generator of its own each time: the sampler's keys derive from its seed and restart with it.
+                    stream.begin(self.version, self.engine._generator({}))
+                    with self.cond:
+                        self.stats["resumed"] += len(stream.resuming)
                     attached = True
                 with torch.no_grad():
                     stream.advance()
