@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import re
-import socket
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -28,7 +27,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from verl.single_controller import watchdog
-from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV
+from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV, free_port
 from verl.single_controller.worker_group import ClassWithInitArgs, WorkerError, WorkerGroup, colocated_worker_class
 from verl.utils.startup import COMPILE_CACHE_ENV
 
@@ -264,11 +263,7 @@ class ResourcePool:
 
 
 # ============================================================================ actors
-@ray.remote(num_cpus=0)
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+_free_port = ray.remote(num_cpus=0)(free_port)  # run on the node whose address it is
 
 
 def _rendezvous(bundles: list[_Bundle], name: str) -> str:

@@ -100,6 +100,13 @@ class Worker:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 
 
+def free_port(host: str) -> int:
+    """A TCP port free at the moment on ``host`` (an address of this machine), for a store this process serves."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
 def interface_of(ip: str) -> str | None:
     """The name of this machine's network interface holding IPv4 address ``ip`` (Linux), or None."""
     import fcntl

@@ -19,7 +19,6 @@ import dataclasses
 import importlib
 import os
 import random
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
@@ -33,7 +32,7 @@ from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_c
 from verl.protocol import DataProto
 from verl.rewards.model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.single_controller import Dispatch, Worker, register
-from verl.single_controller.worker import NODE_IP_ENV
+from verl.single_controller.worker import NODE_IP_ENV, free_port
 from verl.tools.base import load_tools
 from verl.utils import startup
 from verl.utils.debug import memory_usage
@@ -240,9 +239,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         """Where the weight-sync group meets (``separate_async``): a free port on this rank's node, whose store this
         rank (the actor's rank 0, the sender) serves."""
         host = os.environ.get(NODE_IP_ENV) or "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            return f"tcp://{host}:{probe.getsockname()[1]}"
+        return f"tcp://{host}:{free_port(host)}"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def send_weights(self, address: str, world_size: int) -> dict:

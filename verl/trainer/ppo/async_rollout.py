@@ -130,7 +130,8 @@ class AsyncRollout:
             if finished:
                 counts["filtered"] += self._finish(DataProto.concat(finished))
         due = self._due() if self.strategy == "wait" else []
-        rest = [g for g in sorted(ready, key=lambda g: g.seq) if g not in due]
+        taken = {g.uid for g in due}
+        rest = [g for g in sorted(ready, key=lambda g: g.seq) if g.uid not in taken]
         chosen = sorted(due + rest[: self.batch_size - len(due)], key=lambda g: g.seq)
         for g in chosen:
             del self.groups[g.uid]
@@ -162,12 +163,11 @@ class AsyncRollout:
         """The groups this batch must take so that every group can still be trained by its deadline (its version
         plus the threshold) at one batch per version: earliest deadline first, finished ones first among equals."""
         groups = sorted(self.groups.values(), key=lambda g: (g.version, g.rows is None, g.seq))
-        due: list[_Group] = []
-        for i, g in enumerate(groups):
-            # groups[:i + 1] must all be trained within the batches of versions version .. g.version + threshold
-            need = min(self.batch_size, i + 1 - (g.version + self.threshold - self.version) * self.batch_size)
-            due += [h for h in groups[:i + 1] if h not in due][: max(0, need - len(due))]
-        return due
+        # The first i + 1 groups must all be trained by the batch of version groups[i].version + threshold; what
+        # the later batches cannot take must be taken now, and taking the earliest keeps that true for every i.
+        need = max((i + 1 - (g.version + self.threshold - self.version) * self.batch_size
+                    for i, g in enumerate(groups)), default=0)
+        return groups[:max(0, min(self.batch_size, need))]
 
     def _drop_stale(self) -> int:
         if self.strategy != "drop":
