@@ -1,11 +1,12 @@
 """Balanced partitions of sequences by token count (Karmarkar–Karp).
 
-Two users. Micro-batches (:func:`micro_batch_rows`, :func:`map_micro_batches`): rows, or with token budgets
-(``use_dynamic_bsz``) :func:`token_budget_partitions`, which cuts a rank's rows into as few micro-batches
-under the budget as it can, with similar token sums. And
-``trainer.balance_batch``, which spreads sequences over data-parallel ranks: the driver partitions
-the batch's sequence lengths into as many equal-count groups as the actor has data-parallel ranks,
-then reorders the batch so that rank r's contiguous chunk holds group r::
+Two users. Micro-batches (:func:`micro_batch_rows`, :func:`map_micro_batches`; the original's
+:func:`rearrange_micro_batches` / :func:`prepare_dynamic_batch` / :func:`restore_dynamic_batch`): rows, or
+with token budgets (``use_dynamic_bsz``) :func:`token_budget_partitions`, which cuts a rank's rows into as
+few micro-batches under the budget as it can, with similar token sums. And ``trainer.balance_batch``,
+which spreads sequences over data-parallel ranks: the driver partitions the batch's sequence lengths into
+as many equal-count groups as the actor has data-parallel ranks, then reorders the batch so that rank r's
+contiguous chunk holds group r::
 
     seqlens = batch.batch["attention_mask"].sum(-1).tolist()
     partitions = balance_batch_partitions(seqlens, k=dp_size)
@@ -16,7 +17,6 @@ then reorders the batch so that rank r's contiguous chunk holds group r::
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -41,44 +41,97 @@ def balance_batch_partitions(seqlens: Sequence[int], k: int) -> list[list[int]]:
     return karmarkar_karp(seqlens, k, equal_size=True)
 
 
-def karmarkar_karp(seqlens: Sequence[int], k: int, *, equal_size: bool) -> list[list[int]]:
-    """Partition the indices of ``seqlens`` into ``k`` groups with close token sums.
+def _numbers(values) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
-    Method: Karmarkar–Karp largest differencing. Every partial solution holds ``k`` groups. With
-    ``equal_size`` the indices, sorted by length, are cut into runs of k consecutive items, one item
-    per group (``len(seqlens)`` must be a multiple of ``k``); otherwise each item starts as a partial
-    solution of its own (one group holding it, k-1 empty). Repeatedly the two partial solutions with
-    the largest spread (max − min group sum) are merged by joining the heaviest group of one with the
+
+def _partial_solution(groups: list[tuple[float, list[int]]]) -> tuple[tuple, list[tuple[float, list[int]]]]:
+    """A heap entry for :func:`karmarkar_karp`: ``groups`` sorted heaviest first (by sum, then size, then
+    indices, as the original orders its sets), under a key that pops the largest spread first, ties
+    going to the heavier top group (the original's order, so both give the same partitions)."""
+    groups.sort(key=lambda g: (g[0], len(g[1]), g[1]), reverse=True)
+    top_sum, top_indices = groups[0]
+    key = (groups[-1][0] - top_sum, -top_sum, -len(top_indices), [-i for i in top_indices])
+    return key, groups
+
+
+def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Partition the indices of ``seqlen_list`` into ``k_partitions`` groups with close sums.
+
+    Method: Karmarkar–Karp largest differencing. Every partial solution holds k groups. With
+    ``equal_size`` the indices, sorted by (length, index), are cut into runs of k consecutive items, one
+    item per group (``len(seqlen_list)`` must be a multiple of k); otherwise each item starts as a partial
+    solution of its own (one group holding it, k-1 empty). Repeatedly the two partial solutions with the
+    largest spread (max − min group sum) are merged by joining the heaviest group of one with the
     lightest group of the other, the second heaviest with the second lightest, and so on, so the two
     spreads largely cancel. With ``equal_size`` every merge adds one item to each group, so the counts
-    stay equal.
+    stay equal. Ties are broken as the original breaks them, so the partitions are the same.
 
-    Returns ``k`` lists of indices, each sorted ascending; deterministic. Groups may be empty when
-    ``k > len(seqlens)``.
+    Returns k lists of indices, each sorted ascending, heaviest group first; deterministic. Groups may be
+    empty when k > ``len(seqlen_list)``.
     """
-    n = len(seqlens)
+    seqlens = _numbers(seqlen_list)
+    n, k = len(seqlens), k_partitions
     if k < 1:
-        raise ValueError(f"karmarkar_karp: k must be >= 1, got {k}")
+        raise ValueError(f"karmarkar_karp: k_partitions must be >= 1, got {k}")
+    if equal_size and n % k != 0:
+        raise ValueError(f"karmarkar_karp: {n} items cannot be split into {k} groups of equal size")
     if n == 0:
         return [[] for _ in range(k)]
     order = sorted(range(n), key=lambda i: (seqlens[i], i))
-    runs = ([order[start:start + k] for start in range(0, n, k)] if equal_size else [[i] for i in order])
-    tie_breaker = itertools.count()
-    heap = []  # entries: (-spread, tie, groups); groups is a list of (sum, [indices]), heaviest first
-    for run in runs:
-        groups = sorted(((seqlens[i], [i]) for i in run), key=lambda g: -g[0])
-        groups += [(0, []) for _ in range(k - len(groups))]
-        heapq.heappush(heap, (-(groups[0][0] - groups[-1][0]), next(tie_breaker), groups))
-
+    runs = [order[start:start + k] for start in range(0, n, k)] if equal_size else [[i] for i in order]
+    heap = [_partial_solution([(seqlens[i], [i]) for i in run] + [(0, []) for _ in range(k - len(run))])
+            for run in runs]
+    heapq.heapify(heap)
     while len(heap) > 1:
-        _, _, first = heapq.heappop(heap)
-        _, _, second = heapq.heappop(heap)
-        merged = [(a_sum + b_sum, a_idx + b_idx)
-                  for (a_sum, a_idx), (b_sum, b_idx) in zip(first, reversed(second))]
-        merged.sort(key=lambda g: -g[0])
-        heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), next(tie_breaker), merged))
+        _, first = heapq.heappop(heap)
+        _, second = heapq.heappop(heap)
+        merged = [(a_sum + b_sum, a_idx + b_idx) for (a_sum, a_idx), (b_sum, b_idx) in zip(first, reversed(second))]
+        heapq.heappush(heap, _partial_solution(merged))
+    return [sorted(indices) for _, indices in heap[0][1]]
 
-    return [sorted(indices) for _, indices in heap[0][2]]
+
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int,
+                                   equal_size: bool) -> list[list[int]]:
+    """:func:`karmarkar_karp` for at least as many items as partitions: ``k_partitions`` non-empty lists
+    of indices (each sorted) with close sums of ``seqlen_list``; with ``equal_size`` of equal counts."""
+    if len(seqlen_list) < k_partitions:
+        raise ValueError(f"get_seqlen_balanced_partitions: {len(seqlen_list)} items cannot fill "
+                         f"{k_partitions} partitions")
+    partitions = karmarkar_karp(seqlen_list, k_partitions, equal_size)
+    if not all(partitions):  # only an item-less merge could leave one empty; say so rather than return it
+        raise ValueError(f"get_seqlen_balanced_partitions: a partition came out empty for {k_partitions} "
+                         f"partitions of {len(seqlen_list)} items")
+    return partitions
+
+
+def calculate_workload(seqlen_list):
+    """Relative cost of sequences of these lengths for a 7B-sized model (hidden 4096): the matmuls grow
+    as 12·h²·s and attention as 2·h·s², i.e. ∝ 24576·s + s². Works on tensors, arrays and numbers."""
+    return 24576 * seqlen_list + seqlen_list ** 2
+
+
+def get_group_balanced_partitions(seqlen_list: Sequence[int], uid_list: Sequence, k_partitions: int) -> list[list[int]]:
+    """Partition samples into ``k_partitions`` ranks keeping each group of consecutive samples with the
+    same uid (the n responses of one prompt) together: the groups, weighed by the summed
+    :func:`calculate_workload` of their samples, are spread by :func:`karmarkar_karp` in equal numbers
+    per rank. Returns the sample indices of each rank, sorted."""
+    if len(seqlen_list) != len(uid_list):
+        raise ValueError(f"get_group_balanced_partitions: {len(seqlen_list)} sequence lengths but "
+                         f"{len(uid_list)} uids")
+    seqlens = _numbers(seqlen_list)
+    groups: list[list[int]] = []
+    for i, uid in enumerate(uid_list):
+        if groups and uid_list[groups[-1][0]] == uid:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) < k_partitions:
+        raise ValueError(f"get_group_balanced_partitions: {len(groups)} uid groups cannot fill {k_partitions} "
+                         "partitions; use fewer ranks or a larger batch")
+    workloads = [sum(calculate_workload(int(seqlens[i])) for i in group) for group in groups]
+    partitions = get_seqlen_balanced_partitions(workloads, k_partitions, equal_size=True)
+    return [sorted(i for g in part for i in groups[g]) for part in partitions]
 
 
 def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, min_parts: int = 1) -> list[list[int]]:
@@ -134,7 +187,7 @@ def _exactly(parts: list[list[int]], k: int, seqlens: Sequence[int]) -> list[lis
     return parts
 
 
-def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]],
+def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: list[list[int]],
                          prefix: str = "global_seqlen") -> dict[str, float]:
     """Token-count balance metrics, before and after balancing.
 
@@ -147,6 +200,7 @@ def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]],
     k = len(partitions)
     if k == 0:
         raise ValueError("log_seqlen_unbalance: partitions is empty")
+    seqlens = _numbers(seqlen_list)
     n = len(seqlens)
     chunk = -(-n // k)  # ceil, as DataProto.chunk would split
     naive = [sum(seqlens[start:start + chunk]) for start in range(0, chunk * k, chunk)]
@@ -162,14 +216,45 @@ def log_seqlen_unbalance(seqlens: Sequence[int], partitions: list[list[int]],
 
 
 # ------------------------------------------------------------------------------------------------ micro-batches
-def all_reduce_scalar(value: float, op=dist.ReduceOp.SUM) -> float:
-    """``value`` reduced over the ranks of the default process group (itself without one), in float64."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def all_reduce_scalar(value: float, op=dist.ReduceOp.SUM, group=None) -> float:
+    """``value`` reduced over the ranks of ``group`` (default: the default process group; itself without
+    one), in float64."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
     tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=op)
+    dist.all_reduce(tensor, op=op, group=group)
     return float(tensor.item())
+
+
+def _agreed_partitions(lengths: list[int], max_token_len: int, min_parts: int = 1, group=None,
+                       same_count: bool = True, divisible_by: int | None = None) -> list[list[int]]:
+    """:func:`token_budget_partitions` of ``lengths``, their count agreed by the ranks of ``group`` (the
+    largest any rank needs, when ``same_count``) and rounded up to a multiple of ``divisible_by``.
+
+    Every micro-batch is an FSDP forward with collectives, so ranks that ran different numbers would hang.
+    """
+    if max_token_len <= 0:
+        raise ValueError(f"max_token_len must be positive, got {max_token_len}")
+
+    def target(count: int) -> int:
+        if same_count:
+            count = int(all_reduce_scalar(count, dist.ReduceOp.MAX, group))
+        return -(-count // divisible_by) * divisible_by if divisible_by else count
+
+    parts = token_budget_partitions(lengths, max_token_len, min_parts)
+    count = target(len(parts))
+    while True:  # every rank leaves this loop in the same round: `agreed` and `count` are global
+        if len(parts) != count:
+            parts = token_budget_partitions(lengths, max_token_len, min_parts=count)
+        agreed = target(len(parts))
+        if agreed == count:
+            if len(parts) < count:  # fewer rows here than micro-batches elsewhere: the collectives would hang
+                raise RuntimeError(f"this rank has {len(lengths)} rows but needs {count} micro-batches (the most any "
+                                   "rank needs, rounded up to a multiple of num_batches_divided_by); every rank must "
+                                   "receive the same number of rows, at least that many")
+            return parts
+        count = agreed
 
 
 def micro_batch_rows(data: DataProto, micro_batch_size: int | None = None,
@@ -187,21 +272,7 @@ def micro_batch_rows(data: DataProto, micro_batch_size: int | None = None,
         if not micro_batch_size or micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be a positive number of rows, got {micro_batch_size!r}")
         return [slice(start, start + micro_batch_size) for start in range(0, len(data), micro_batch_size)]
-    if max_token_len <= 0:
-        raise ValueError(f"max_token_len must be positive, got {max_token_len}")
-    lengths = data.batch["attention_mask"].sum(-1).tolist()
-    parts = token_budget_partitions(lengths, max_token_len)
-    count = int(all_reduce_scalar(len(parts), dist.ReduceOp.MAX))
-    while True:  # every rank leaves this loop in the same round: `agreed` and `count` are global
-        if len(parts) != count:
-            parts = token_budget_partitions(lengths, max_token_len, min_parts=count)
-        agreed = int(all_reduce_scalar(len(parts), dist.ReduceOp.MAX))
-        if agreed == count:
-            if len(parts) < count:  # fewer rows here than micro-batches elsewhere: the collectives would hang
-                raise RuntimeError(f"this rank has {len(lengths)} rows but the ranks agreed on {count} micro-batches; "
-                                   "every rank must receive the same number of rows")
-            return parts
-        count = agreed
+    return _agreed_partitions(data.batch["attention_mask"].sum(-1).tolist(), max_token_len)
 
 
 def split_micro_batches(data: DataProto, micro_batch_size: int | None = None,
@@ -217,13 +288,64 @@ def map_micro_batches(data: DataProto, micro_batch_size: int | None, max_token_l
     outputs = [fn(data[rows]) for rows in parts]
     if not outputs:
         raise ValueError("map_micro_batches: the batch has no rows")
-    # With token budgets the micro-batches hold rows out of order: the inverse permutation puts them back.
-    inverse = None if max_token_len is None else torch.argsort(torch.tensor([i for rows in parts for i in rows]))
 
     def join(tensors):
         joined = torch.cat(tensors)
-        return joined if inverse is None else joined[inverse.to(joined.device)]
+        # With token budgets the micro-batches hold rows out of order: put them back.
+        return joined if max_token_len is None else restore_dynamic_batch(joined, parts)
 
     if isinstance(outputs[0], tuple):
         return tuple(None if outs[0] is None else join(outs) for outs in zip(*outputs))
     return join(outputs)
+
+
+def _select_rows(batch, rows: list[int]):
+    index = torch.tensor(rows, dtype=torch.long)
+    if isinstance(batch, dict):
+        return {key: value[index.to(value.device)] for key, value in batch.items()}
+    return batch[index.to(batch.device) if batch.device is not None else index]
+
+
+def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batches_divided_by: int | None = None,
+                            same_micro_num_in_dp: bool = True, min_num_micro_batch: int | None = None,
+                            use_dynamic_bsz_balance: bool = True):
+    """Split ``batch`` (a TensorDict or a dict of tensors with an ``attention_mask``) into micro-batches of
+    at most ``max_token_len`` real tokens each (:func:`token_budget_partitions`; a longer row alone).
+
+    - ``dp_group``, ``same_micro_num_in_dp``: the ranks of the group agree on one count (the largest);
+    - ``num_batches_divided_by``: the count is rounded up to a multiple of it (pipeline stages);
+    - ``min_num_micro_batch``: at least that many;
+    - ``use_dynamic_bsz_balance``: the micro-batches are ordered by :func:`calculate_workload`, the
+      heaviest in the middle and the lightest at both ends (smaller pipeline bubbles); otherwise by
+      their first row.
+
+    Returns ``(micro_batches, partitions)``: the micro-batches and, for each, the indices of its rows in
+    ``batch`` (ascending); :func:`restore_dynamic_batch` puts outputs back in the batch's order.
+    """
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    parts = _agreed_partitions(lengths, max_token_len, max(1, min_num_micro_batch or 1), group=dp_group,
+                               same_count=same_micro_num_in_dp, divisible_by=num_batches_divided_by)
+    if use_dynamic_bsz_balance:
+        workloads = [calculate_workload(length) for length in lengths]
+        parts.sort(key=lambda part: (sum(workloads[i] for i in part), part[0]), reverse=True)
+        parts = parts[::2][::-1] + parts[1::2]
+    return [_select_rows(batch, part) for part in parts], parts
+
+
+def prepare_dynamic_batch(data: DataProto, max_token_len: int, dp_group=None,
+                          num_batches_divided_by: int | None = None, same_micro_num_in_dp: bool = True,
+                          min_num_micro_batch: int | None = None,
+                          use_dynamic_bsz_balance: bool = True) -> tuple[list[DataProto], list[list[int]]]:
+    """:func:`rearrange_micro_batches` for a ``DataProto``: ``(micro-batch DataProtos, row indices of each)``."""
+    _, parts = rearrange_micro_batches(data.batch, max_token_len, dp_group, num_batches_divided_by,
+                                       same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance)
+    return [data[part] for part in parts], parts
+
+
+def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: list[list[int]]) -> torch.Tensor:
+    """The rows of ``data`` (micro-batch outputs concatenated in the order of ``batch_idx_list``) put back in
+    the order of the batch they came from."""
+    order = torch.tensor([i for part in batch_idx_list for i in part], dtype=torch.long)
+    if order.numel() != data.shape[0]:
+        raise ValueError(f"restore_dynamic_batch: {data.shape[0]} rows but the partitions index {order.numel()}")
+    return data[torch.argsort(order).to(data.device)]

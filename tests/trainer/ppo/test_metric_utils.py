@@ -9,6 +9,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_rollout_probs_diff,
+    compute_throughout_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
     explained_variance,
@@ -30,8 +31,9 @@ def two_sample_batch(with_values=True):
         "responses": torch.zeros(2, 4, dtype=torch.long),
         "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
         "response_mask": response_mask,
-        "token_level_scores": torch.tensor([[0, 0, 0, 1.0], [0, 0.5, PAD, PAD]]),
-        "token_level_rewards": torch.tensor([[0, 0, -0.1, 1.0], [0.2, 0.5, PAD, PAD]]),
+        # Scores and rewards are zero outside the response (a reward manager writes only inside it).
+        "token_level_scores": torch.tensor([[0, 0, 0, 1.0], [0, 0.5, 0, 0]]),
+        "token_level_rewards": torch.tensor([[0, 0, -0.1, 1.0], [0.2, 0.5, 0, 0]]),
         "advantages": torch.tensor([[1.0, 2, 3, 4], [-1, -2, PAD, PAD]]),
         "returns": torch.tensor([[1.0, 1, 1, 1], [3, 3, PAD, PAD]]),
     }
@@ -56,6 +58,10 @@ def test_data_metrics_hand_computed():
         "response_length/clip_ratio": 0.5,
         "prompt_length/mean": 2.5, "prompt_length/max": 3.0, "prompt_length/min": 2.0,
         "prompt_length/clip_ratio": 0.5,
+        # no empty response: the non-aborted lengths are the lengths
+        "response_length_non_aborted/mean": 3.0, "response_length_non_aborted/max": 4.0,
+        "response_length_non_aborted/min": 2.0, "response_length_non_aborted/clip_ratio": 0.5,
+        "response/aborted_ratio": 0.0,
     }
     assert set(m) == set(expected)
     for key, value in expected.items():
@@ -68,6 +74,22 @@ def test_data_metrics_without_critic():
     assert not any(k.startswith("critic/values") or k == "critic/vf_explained_var" for k in m)
     with pytest.raises(KeyError, match="use_critic=False"):
         compute_data_metrics(two_sample_batch(with_values=False), use_critic=True)
+
+
+def test_aborted_samples_are_left_out_of_scores_and_non_aborted_lengths():
+    batch = two_sample_batch()
+    # Sample 1 aborted: no response token, yet a score of 5 somewhere in its row.
+    batch.batch["response_mask"][1] = 0
+    batch.batch["attention_mask"][1, 3:] = 0
+    batch.batch["token_level_scores"][1] = torch.tensor([5.0, 0, 0, 0])
+    m = compute_data_metrics(batch, use_critic=False)
+    assert m["critic/score/mean"] == 1.0 and m["critic/score/min"] == 1.0  # sample 0 only
+    assert m["response_length/mean"] == 2.0 and m["response_length/min"] == 0.0  # (4 + 0) / 2
+    assert m["response_length_non_aborted/mean"] == 4.0 and m["response_length_non_aborted/clip_ratio"] == 1.0
+    assert m["response/aborted_ratio"] == 0.5
+    batch.batch["response_mask"][0] = 0
+    with pytest.raises(ValueError, match="aborted"):
+        compute_data_metrics(batch, use_critic=False)
 
 
 def test_response_mask_falls_back_to_attention_mask():
@@ -99,13 +121,23 @@ def test_timing_metrics_per_token():
 
 
 def test_throughput_metrics():
-    m = compute_throughput_metrics(two_sample_batch(), {"step": 0.5}, n_gpus=2)
+    assert compute_throughput_metrics is compute_throughout_metrics  # the original's spelling, one function
+    batch = two_sample_batch()
+    m = compute_throughout_metrics(batch, {"step": 0.5}, n_gpus=2)  # Σ attention_mask = 5 + 6 = 11
     assert m == {"perf/total_num_tokens": 11.0, "perf/time_per_step": 0.5, "perf/throughput": 11.0}
+    batch.meta_info["global_token_num"] = [100, 200, 300]  # as the trainer sets it: 600 tokens
+    m = compute_throughout_metrics(batch, {"step": 2.0}, n_gpus=2)
+    assert m["perf/total_num_tokens"] == 600 and m["perf/throughput"] == 600 / (2.0 * 2)
     with pytest.raises(KeyError, match="step"):
-        compute_throughput_metrics(two_sample_batch(), {}, n_gpus=1)
+        compute_throughout_metrics(batch, {}, n_gpus=1)
 
 
 def test_reduce_metrics():
+    from verl.utils.metric import reduce_metrics as utils_reduce_metrics
+
+    assert reduce_metrics is utils_reduce_metrics
+    metrics = {"a": [1.0, 2.0]}
+    assert reduce_metrics(metrics) is metrics and metrics == {"a": 1.5}  # in place, as the original
     out = reduce_metrics({"a": [1.0, 2.0, 6.0], "b": 3, "c": [torch.tensor(1.0), 2], "d": [],
                           "e": torch.tensor([2.0, 4.0]), "f": np.array([[1.0, 3.0]])})
     assert out["a"] == 3.0 and out["b"] == 3.0 and out["c"] == 1.5 and math.isnan(out["d"])
@@ -163,14 +195,15 @@ def test_validation_bootstrap_is_seeded_and_close_to_exact():
 
 def test_validation_majority_vote_and_tie_break():
     # answers A, A, B with acc 1, 1, 0.
-    # maj@2: AA (4/9) -> A, BB (1/9) -> B, AB/BA (4/9) tie -> A (produced first): 8/9.
+    # maj@2: AA (4/9) -> A, BB (1/9) -> B, a tie goes to the answer drawn first: AB (2/9) -> A, BA (2/9) -> B;
+    # A wins with 4/9 + 2/9 = 2/3.
     # maj@3: A wins when it has >= 2 of 3 draws: 3*(2/3)^2*(1/3) + (2/3)^3 = 20/27.
     res = process_validation_metrics(["ds"] * 3, ["p"] * 3,
                                      {"acc": [1.0, 1.0, 0.0], "pred": ["A", "A", "B"]})
     m = res["ds"]["acc"]
     assert "pred" not in res["ds"]
     assert m["mean@3"] == pytest.approx(2 / 3)
-    assert m["maj@2/mean"] == pytest.approx(8 / 9, abs=0.04)
+    assert m["maj@2/mean"] == pytest.approx(2 / 3, abs=0.04)
     assert m["maj@3/mean"] == pytest.approx(20 / 27, abs=0.04)
     assert m["best@3/mean"] == pytest.approx(26 / 27, abs=0.03)
 
@@ -235,3 +268,69 @@ def test_agent_loop_metrics_by_hand():
     assert metrics["agent_loop/response_length_with_tools/mean"] == 3.5  # (4 + 3) / 2
     del batch.non_tensor_batch["__turn_score__"]
     assert "agent_loop/turn_score/mean" not in agent_loop_metrics(batch)
+
+
+# ---------------------------------------------------------------------------- the original's helpers
+
+
+def test_bootstrap_indices_are_the_originals_draws_without_touching_global_state():
+    from verl.trainer.ppo.metric_utils import bootstrap_indices
+
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    idx = bootstrap_indices(5, 3, n_bootstrap=20, seed=42)
+    assert np.array_equal(np.random.get_state()[1], before)  # numpy's global generator untouched
+    np.random.seed(42)
+    assert np.array_equal(idx, np.random.choice(5, size=(20, 3), replace=True))
+    assert idx.shape == (20, 3) and idx.min() >= 0 and idx.max() <= 4
+
+
+def test_bootstrap_metric_by_hand():
+    from verl.trainer.ppo.metric_utils import bootstrap_indices, bootstrap_metric
+
+    # A constant list: every subset's mean and max is 2, with no spread.
+    assert bootstrap_metric([2, 2, 2], 2, [np.mean, np.max], n_bootstrap=10) == [(2.0, 0.0), (2.0, 0.0)]
+    # Data [0, 1], subsets of one draw: each subset's value is its index, so (mean, std) of the draws.
+    draws = bootstrap_indices(2, 1, n_bootstrap=50, seed=3)[:, 0]
+    [(mean, std)] = bootstrap_metric([0, 1], 1, [np.max], n_bootstrap=50, seed=3)
+    assert mean == pytest.approx(draws.mean()) and std == pytest.approx(draws.std())
+    with pytest.raises(ValueError):
+        bootstrap_metric([], 1, [np.mean])
+
+
+def test_calc_maj_val_majority_then_first_drawn():
+    from verl.trainer.ppo.metric_utils import calc_maj_val
+
+    data = [{"pred": "A", "val": 0.9}, {"pred": "B", "val": 0.8}, {"pred": "A", "val": 0.7}]
+    assert calc_maj_val(data, vote_key="pred", val_key="val") == 0.9  # A twice; A's first value
+    tie = [{"pred": "B", "val": 0.8}, {"pred": "A", "val": 0.9}, {"pred": "A", "val": 0.6}, {"pred": "B", "val": 0.1}]
+    assert calc_maj_val(tie, "pred", "val") == 0.8  # 2 - 2: B was drawn first
+
+
+def test_vectorised_validation_equals_bootstrap_metric_per_prompt():
+    from functools import partial
+
+    from verl.trainer.ppo.metric_utils import bootstrap_metric, calc_maj_val
+
+    # Two prompts of 4 samples; answers with ties, values that differ within one answer.
+    preds = ["a", "b", "b", "a", "c", "c", "d", "e"]
+    reward = [1.0, 0.0, 0.5, 0.25, 1.0, 0.0, 0.75, 0.5]
+    res = process_validation_metrics(["s"] * 8, ["p"] * 4 + ["q"] * 4, {"reward": reward, "pred": preds})["s"]
+    for k in (2, 4):
+        per_prompt = []
+        for rows in (range(0, 4), range(4, 8)):
+            values = [reward[i] for i in rows]
+            votes = [{"pred": preds[i], "val": reward[i]} for i in rows]
+            (best, worst) = bootstrap_metric(values, k, [np.max, np.min])
+            [maj] = bootstrap_metric(votes, k, [partial(calc_maj_val, vote_key="pred", val_key="val")])
+            per_prompt.append({"best": best, "worst": worst, "maj": maj})
+        for name in ("best", "worst", "maj"):
+            for i, stat in enumerate(("mean", "std")):
+                expected = (per_prompt[0][name][i] + per_prompt[1][name][i]) / 2
+                assert res["reward"][f"{name}@{k}/{stat}"] == pytest.approx(expected, abs=1e-12), (name, k, stat)
+
+
+def test_numeric_pred_is_a_variable_too():
+    # As in the original, a numeric "pred" column is also summarised (mean@2 of 3 and 5 is 4).
+    res = process_validation_metrics(["s"] * 2, ["p"] * 2, {"acc": [1.0, 0.0], "pred": [3, 5]})["s"]
+    assert res["pred"]["mean@2"] == 4.0 and res["acc"]["mean@2"] == 0.5

@@ -1,5 +1,6 @@
-"""Per-step metrics the driver computes from a batch: data statistics, timings, throughput, the
-reduction of workers' per-mini-batch metrics, and validation metrics (mean@N, best@k, maj@k).
+"""Per-step metrics the driver computes from a batch: data statistics, timings, throughput, and
+validation metrics (mean@N, best@k, maj@k). ``reduce_metrics`` (workers' per-mini-batch lists to one
+number) lives in :mod:`verl.utils.metric` and is importable from here too, as in the original.
 
 Batch layout (a ``DataProto``): ``prompts`` (B, P) left-padded, ``responses`` (B, R) right-padded,
 ``attention_mask`` (B, P + R), ``response_mask`` (B, R) (falls back to the response part of
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Number
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.torch_functional import masked_sum
+from verl.utils.metric import reduce_metrics  # noqa: F401 - the original's import path for it
 
 # ---------------------------------------------------------------------------- training-step metrics
 
@@ -61,19 +62,27 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
     """Statistics of a training batch after the ``adv`` stage.
 
     - ``critic/score/*``, ``critic/rewards/*``: per-sequence sums of ``token_level_scores`` /
-      ``token_level_rewards`` (over valid response tokens): mean, max, min over sequences.
+      ``token_level_rewards`` (whole rows: they are zero outside the response): mean, max, min over the
+      sequences that have a response (aborted ones, with none, are left out).
     - ``critic/advantages/*``, ``critic/returns/*`` (and ``critic/values/*`` with a critic): mean,
       max, min over all valid response tokens of the batch.
     - ``critic/vf_explained_var`` (with a critic): :func:`explained_variance` over valid tokens.
     - ``response_length/*``, ``prompt_length/*``: mean, max, min of the valid lengths, and
       ``clip_ratio``, the fraction of sequences whose length equals the maximum (R or P), i.e. that
-      were cut off by the length limit (or exactly filled it).
+      were cut off by the length limit (or exactly filled it); ``response_length_non_aborted/*`` the
+      same over sequences with a response, and ``response/aborted_ratio`` the fraction without.
+
+    Raises ValueError when no sequence has a response.
     """
     tensors = batch.batch
     prompt_mask, response_mask = _masks(batch)
+    response_lengths = response_mask.sum(-1).double()
+    answered = response_lengths > 0
+    if not bool(answered.any()):
+        raise ValueError("compute_data_metrics: every sequence of the batch has an empty response (all aborted)")
     metrics: dict[str, float] = {}
-    metrics.update(_mean_max_min("critic/score", masked_sum(tensors["token_level_scores"], response_mask, -1)))
-    metrics.update(_mean_max_min("critic/rewards", masked_sum(tensors["token_level_rewards"], response_mask, -1)))
+    metrics.update(_mean_max_min("critic/score", tensors["token_level_scores"].sum(-1)[answered]))
+    metrics.update(_mean_max_min("critic/rewards", tensors["token_level_rewards"].sum(-1)[answered]))
     metrics.update(_mean_max_min("critic/advantages", tensors["advantages"][response_mask]))
     metrics.update(_mean_max_min("critic/returns", tensors["returns"][response_mask]))
     if use_critic:
@@ -84,10 +93,13 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         metrics.update(_mean_max_min("critic/values", valid_values))
         metrics["critic/vf_explained_var"] = explained_variance(tensors["returns"][response_mask], valid_values)
 
-    for name, mask in (("response_length", response_mask), ("prompt_length", prompt_mask)):
-        lengths, limit = mask.sum(-1).double(), mask.shape[-1]
+    response_limit = response_mask.shape[-1]
+    for name, lengths, limit in (("response_length", response_lengths, response_limit),
+                                 ("response_length_non_aborted", response_lengths[answered], response_limit),
+                                 ("prompt_length", prompt_mask.sum(-1).double(), prompt_mask.shape[-1])):
         metrics.update(_mean_max_min(name, lengths))
-        metrics[f"{name}/clip_ratio"] = (lengths == limit).double().mean().item() if lengths.numel() else math.nan
+        metrics[f"{name}/clip_ratio"] = (lengths == limit).double().mean().item()
+    metrics["response/aborted_ratio"] = 1.0 - answered.double().mean().item()
     metrics.update(agent_loop_metrics(batch))
     return metrics
 
@@ -135,44 +147,25 @@ def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) ->
     return metrics
 
 
-def compute_throughput_metrics(batch: DataProto, timing_raw: Mapping[str, float], n_gpus: int) -> dict[str, float]:
-    """``perf/total_num_tokens`` (Σ attention_mask), ``perf/time_per_step`` (``timing_raw["step"]``)
-    and ``perf/throughput`` = total tokens / (step time × n_gpus), in tokens per second per device."""
+def compute_throughout_metrics(batch: DataProto, timing_raw: Mapping[str, float], n_gpus: int) -> dict[str, float]:
+    """``perf/total_num_tokens`` (Σ ``meta_info["global_token_num"]``, the valid tokens per sequence, or
+    Σ attention_mask when the batch lacks it), ``perf/time_per_step`` (``timing_raw["step"]``) and
+    ``perf/throughput`` = total tokens / (step time × n_gpus), in tokens per second per device.
+    The name is the original's ("throughout"); :func:`compute_throughput_metrics` is the same function."""
     if "step" not in timing_raw:
-        raise KeyError("compute_throughput_metrics needs timing_raw['step'] (time the whole step with "
+        raise KeyError("compute_throughout_metrics needs timing_raw['step'] (time the whole step with "
                        "simple_timer('step', timing_raw))")
-    total_tokens = int(batch.batch["attention_mask"].sum().item())
+    token_counts = batch.meta_info.get("global_token_num")
+    if token_counts is None:
+        total_tokens = int(batch.batch["attention_mask"].sum().item())
+    else:
+        total_tokens = int(sum(token_counts))
     step_time = float(timing_raw["step"])
     return {"perf/total_num_tokens": float(total_tokens), "perf/time_per_step": step_time,
             "perf/throughput": total_tokens / (step_time * n_gpus) if step_time > 0 and n_gpus > 0 else math.nan}
 
 
-def _reducer(key: str):
-    """max for a key whose last part names a maximum (``.../max``, ``max_*``, ``*_max``), min likewise,
-    else the mean: a peak over mini-batches or ranks must stay a peak."""
-    name = key.rsplit("/", 1)[-1]
-    for word, fn in (("max", np.max), ("min", np.min)):
-        if name == word or name.startswith(word + "_") or name.endswith("_" + word):
-            return fn
-    return np.mean
-
-
-def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """One number per list (e.g. one entry per mini-batch from ``meta_info["metrics"]``): the mean, or
-    the max/min for keys naming a maximum/minimum (``perf/max_memory_allocated_gb``, ``.../max``);
-    scalars pass through as floats; an empty list gives NaN."""
-    reduced: dict[str, float] = {}
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor):
-            value = value.detach().double().cpu().reshape(-1).tolist()
-        elif isinstance(value, np.ndarray):
-            value = value.astype(np.float64).reshape(-1).tolist()
-        if isinstance(value, (list, tuple)):
-            arr = np.asarray([float(v) for v in value], dtype=np.float64)
-            reduced[key] = float(_reducer(key)(arr)) if arr.size else math.nan
-        else:
-            reduced[key] = float(value)
-    return reduced
+compute_throughput_metrics = compute_throughout_metrics
 
 
 def compute_rollout_probs_diff(rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor,
@@ -206,13 +199,43 @@ def compute_rollout_probs_diff(rollout_log_probs: torch.Tensor, actor_log_probs:
 # ---------------------------------------------------------------------------- validation metrics
 
 N_BOOTSTRAP = 1000
-# Bound on the elements of one bootstrap index array, so memory stays ~100 MB whatever the batch.
+# Bound on the elements of one bootstrap array (prompts x subsets x k), so memory stays ~100 MB.
 _BOOTSTRAP_CHUNK_ELEMENTS = 1 << 22
+
+
+def bootstrap_indices(n_data: int, subset_size: int, n_bootstrap: int = N_BOOTSTRAP, seed: int = 42) -> np.ndarray:
+    """(n_bootstrap, subset_size) indices into ``n_data`` items, drawn with replacement: the draws of
+    ``np.random.seed(seed); np.random.choice(n_data, (n_bootstrap, subset_size))``, as the original takes
+    them, but from a generator of its own (numpy's global random state is left alone)."""
+    return np.random.RandomState(seed).choice(n_data, size=(n_bootstrap, subset_size), replace=True)
+
+
+def bootstrap_metric(data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable[[np.ndarray], float]],
+                     n_bootstrap: int = N_BOOTSTRAP, seed: int = 42) -> list[tuple[float, float]]:
+    """``[(mean, std) of reduce_fn over n_bootstrap subsets) for reduce_fn in reduce_fns]``: each subset
+    holds ``subset_size`` items of ``data`` drawn with replacement (:func:`bootstrap_indices`), passed
+    to ``reduce_fn`` as an object array; std is the population std. ValueError when ``data`` is empty."""
+    items = np.array(data, dtype=object)
+    indices = bootstrap_indices(len(items), subset_size, n_bootstrap, seed)
+    results = []
+    for reduce_fn in reduce_fns:
+        values = np.array([reduce_fn(items[row]) for row in indices], dtype=np.float64)
+        results.append((float(values.mean()), float(values.std())))
+    return results
+
+
+def calc_maj_val(data: Sequence[Mapping[str, Any]], vote_key: str, val_key: str) -> Any:
+    """The ``val_key`` of the majority answer: the ``vote_key`` value most frequent in ``data``, a tie
+    going to the answer that appears first; its value is that of its first appearance."""
+    values_by_vote: dict[Any, list[Any]] = {}
+    for item in data:
+        values_by_vote.setdefault(item[vote_key], []).append(item[val_key])
+    return max(values_by_vote.values(), key=len)[0]  # max keeps the first of equal counts
 
 
 def _all_numbers(values: Sequence[Any]) -> bool:
     """True when every value is a real number (bool, int, float, numpy scalar); checked per type."""
-    return all(issubclass(t, (Number, np.number)) and not issubclass(t, (complex, np.complexfloating))
+    return all(issubclass(t, (Number, np.number, np.bool_)) and not issubclass(t, (complex, np.complexfloating))
                for t in {type(v) for v in values})
 
 
@@ -226,7 +249,8 @@ def _subset_sizes(n: int) -> list[int]:
 
 
 def _answer_codes(preds: list[list[Any]]) -> np.ndarray:
-    """Per prompt, its distinct answers numbered by first appearance: codes of shape (P, n)."""
+    """Per prompt, its distinct answers numbered by first appearance: codes of shape (P, n). Answers
+    compare as dictionary keys do (1 == 1.0); unhashable ones (lists, dicts) by their text."""
     codes = np.zeros((len(preds), len(preds[0])), dtype=np.int64)
     for p, row in enumerate(preds):
         seen: dict[Any, int] = {}
@@ -234,84 +258,75 @@ def _answer_codes(preds: list[list[Any]]) -> np.ndarray:
             try:
                 hash(pred)
                 key = pred
-            except TypeError:  # lists, dicts: compare by their text
+            except TypeError:
                 key = repr(pred)
             codes[p, j] = seen.setdefault(key, len(seen))
     return codes
 
 
-def _first_value_per_code(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """code_values[p, c] = value of prompt p's first sample with answer code c (unused codes get
-    the first sample's value; no subset ever votes for them)."""
-    n = codes.shape[1]
-    first_sample = (codes[:, :, None] == np.arange(n)).argmax(1)  # (P, n): first j with codes[p, j] == c
-    return np.take_along_axis(values, first_sample, axis=1)
-
-
-def _majority_votes(sub_codes: np.ndarray, n: int) -> np.ndarray:
-    """The most frequent code in each subset (last axis of ``sub_codes``); ties go to the lowest code,
-    i.e. the answer the prompt produced first."""
+def _majority_positions(sub_codes: np.ndarray, n: int) -> np.ndarray:
+    """For each subset (last axis of ``sub_codes``, codes < n), the position of the first draw of its
+    majority answer, a tie going to the answer drawn first (what :func:`calc_maj_val` picks)."""
     *batch_shape, k = sub_codes.shape
-    flat_codes = sub_codes.reshape(-1, k)
-    ids = (np.arange(flat_codes.shape[0])[:, None] * n + flat_codes).ravel()
-    counts = np.bincount(ids, minlength=flat_codes.shape[0] * n).reshape(-1, n)
-    return counts.argmax(-1).reshape(batch_shape)
+    flat = sub_codes.reshape(-1, k)
+    ids = np.arange(flat.shape[0])[:, None] * n + flat
+    counts = np.bincount(ids.ravel(), minlength=flat.shape[0] * n)[ids]  # count of each draw's answer
+    return (counts == counts.max(-1, keepdims=True)).argmax(-1).reshape(batch_shape)
 
 
 def _group_metrics(columns: dict[str, np.ndarray], codes: np.ndarray | None,
                    seed: int) -> Iterator[tuple[str, str, np.ndarray]]:
     """Metrics of the prompts of one data source that all have n samples: ``columns`` maps each
-    variable to its (P, n) values; yields ``(var, metric, per_prompt_values)``."""
+    variable to its (P, n) values; yields ``(var, metric, per_prompt_values)``.
+
+    Every prompt uses the same bootstrap subsets for a given k (the original reseeds for each prompt)."""
     num_prompts, n = next(iter(columns.values())).shape
     for var, values in columns.items():
         yield var, f"mean@{n}", values.mean(-1)
         if n > 1:
             yield var, f"std@{n}", values.std(-1)
-    code_values = {var: _first_value_per_code(codes, v) for var, v in columns.items()} if codes is not None else {}
 
     for k in _subset_sizes(n):
-        # One seeded stream per k: the same subsets for every variable, whatever the other ks are.
-        rng = np.random.default_rng(seed)
+        idx = bootstrap_indices(n, k, N_BOOTSTRAP, seed)  # (N_BOOTSTRAP, k)
         rows_per_chunk = max(1, _BOOTSTRAP_CHUNK_ELEMENTS // (N_BOOTSTRAP * k))
         for start in range(0, num_prompts, rows_per_chunk):
-            rows = np.arange(start, min(start + rows_per_chunk, num_prompts))
-            idx = rng.integers(0, n, size=(rows.shape[0], N_BOOTSTRAP, k))  # (p, N_BOOTSTRAP, k)
-            flat_idx = rows[:, None, None] * n + idx
-            winners = _majority_votes(codes.ravel()[flat_idx], n) if codes is not None else None
+            rows = slice(start, min(start + rows_per_chunk, num_prompts))
+            if codes is not None:
+                winners = _majority_positions(codes[rows][:, idx], n)[..., None]  # (p, N_BOOTSTRAP, 1)
             for var, values in columns.items():
-                subsets = values.ravel()[flat_idx]
+                subsets = values[rows][:, idx]  # (p, N_BOOTSTRAP, k)
                 reduced = {"best": subsets.max(-1), "worst": subsets.min(-1)}
-                if winners is not None:
-                    reduced["maj"] = code_values[var][rows[:, None], winners]
+                if codes is not None:
+                    reduced["maj"] = np.take_along_axis(subsets, winners, -1)[..., 0]
                 for name, per_subset in reduced.items():  # (p, N_BOOTSTRAP)
                     yield var, f"{name}@{k}/mean", per_subset.mean(-1)
                     yield var, f"{name}@{k}/std", per_subset.std(-1)
 
 
 def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
-                               infos: Mapping[str, Sequence[Any]], seed: int = 42
+                               infos_dict: Mapping[str, Sequence[Any]], seed: int = 42
                                ) -> dict[str, dict[str, dict[str, float]]]:
     """Validation metrics per data source, variable and metric name.
 
     Samples are grouped by (data source, ``sample_uids``: a prompt id or the prompt text); a prompt
-    with n samples gives, for each numeric variable of ``infos`` (e.g. ``reward``, ``acc``):
+    with n samples gives, for each numeric variable of ``infos_dict`` (e.g. ``reward``, ``acc``):
 
     - ``mean@n`` and (n > 1) ``std@n``: mean and population std of its n values;
     - for k = 2, 4, 8, ... < n and k = n: ``best@k/{mean,std}`` and ``worst@k/{mean,std}``, the mean
-      and population std over 1000 bootstrap subsets (k draws with replacement, seeded by ``seed``)
-      of the subset's max / min; and, when ``infos`` has ``pred`` (the extracted answer),
-      ``maj@k/{mean,std}``: the value of the answer most frequent in the subset (ties go to the
-      answer the prompt produced first; an answer's value is that of its first sample).
+      and population std over 1000 bootstrap subsets (k draws with replacement, :func:`bootstrap_indices`
+      with ``seed``, the original's draws) of the subset's max / min; and, when ``infos_dict`` has
+      ``pred`` (the extracted answer), ``maj@k/{mean,std}``: the value of the subset's majority answer
+      (:func:`calc_maj_val`: ties go to the answer drawn first, whose first draw gives the value).
 
-    Each metric is then averaged over the prompts of the data source. Non-numeric variables (and
-    ``pred`` itself) are skipped. Result: ``{data_source: {var: {metric: value}}}``.
+    Each metric is then averaged over the prompts of the data source. Variables with a non-numeric
+    value (``pred`` as text, notes) are skipped. Result: ``{data_source: {var: {metric: value}}}``.
     """
     num_samples = len(data_sources)
     if len(sample_uids) != num_samples:
         raise ValueError(f"process_validation_metrics: {num_samples} data_sources but {len(sample_uids)} sample_uids")
-    for var, vals in infos.items():
+    for var, vals in infos_dict.items():
         if len(vals) != num_samples:
-            raise ValueError(f"process_validation_metrics: infos[{var!r}] has {len(vals)} entries, "
+            raise ValueError(f"process_validation_metrics: infos_dict[{var!r}] has {len(vals)} entries, "
                              f"expected one per sample ({num_samples})")
 
     # data source -> prompt uid -> sample indices, in order of first appearance.
@@ -319,9 +334,8 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
     for i, (source, uid) in enumerate(zip(data_sources, sample_uids)):
         groups[source].setdefault(uid, []).append(i)
 
-    preds = infos.get("pred")
-    numeric = {v: np.asarray(vals, dtype=np.float64) for v, vals in infos.items()
-               if v != "pred" and _all_numbers(vals)}
+    preds = infos_dict.get("pred")
+    numeric = {v: np.asarray(vals, dtype=np.float64) for v, vals in infos_dict.items() if _all_numbers(vals)}
 
     result: dict[str, dict[str, dict[str, float]]] = {}
     for source, prompts in groups.items():

@@ -97,15 +97,26 @@ class RayPPOTrainer:
         self.workers = WorkerGroups.create(self.spec)
         from verl.models.loader import load_hf_config
 
-        models = {"actor": (self.spec.actor_rollout_ref.model, False)}
+        models = {"actor": self.spec.actor_rollout_ref.model}
         if self.use_critic:
-            models["critic"] = (self.spec.critic.model, True)
-        for role, (model, value_head) in models.items():
-            try:
+            models["critic"] = self.spec.critic.model
+        device_name = self._device_name()
+        for role, model in models.items():
+            try:  # the critic is counted from its config as it stands, lm_head included, as the original does
                 self.flops_counters[role] = FlopsCounter(
-                    load_hf_config(model.path, trust_remote_code=model.trust_remote_code), value_head=value_head)
+                    load_hf_config(model.path, trust_remote_code=model.trust_remote_code), device_name=device_name)
             except Exception as e:  # MFU is a report, never a reason to stop training
                 logger.warning("perf/mfu/%s will read 0: could not read the model config (%s)", role, e)
+
+    def _device_name(self) -> str | None:
+        """The device whose peak FLOP/s ``perf/mfu/*`` divides by: the workers' (``trainer.device``). A driver that
+        sees no GPU while the workers train on GPUs cannot name theirs: MFU then reads 0, with a warning."""
+        if self.spec.trainer.device == "cpu":
+            return "CPU"
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+        logger.warning("perf/mfu/* will read 0: the driver sees no GPU, so it cannot tell the workers' peak FLOP/s")
+        return "unknown device"
 
     def shutdown(self) -> None:
         if self.workers is not None:
@@ -318,7 +329,8 @@ class RayPPOTrainer:
                 continue
             if seqlens is None:
                 seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-            achieved, promised = counter.estimate_flops(seqlens, seconds)
+            achieved, promised = counter.estimate_flops(seqlens, seconds,
+                                                        images_seqlens=batch.meta_info.get("images_seqlens"))
             world_size = getattr(self.workers, group).world_size
             metrics[f"perf/mfu/{role}"] = achieved * section.ppo_epochs / promised / world_size
         return metrics
