@@ -18,6 +18,10 @@ OLD_AND_NEW = [
     ("verl.utils.dataset.rl_dataset", "verl.data.rl_dataset"),
     ("verl.workers.reward_manager", "verl.rewards.managers"),
     ("verl.workers.reward_manager.naive", "verl.rewards.managers.naive"),
+    ("verl.single_controller.base", "verl.single_controller"),
+    ("verl.single_controller.base.decorator", "verl.single_controller.decorator"),
+    ("verl.single_controller.base.worker_group", "verl.single_controller.worker_group"),
+    ("verl.single_controller.ray.base", "verl.single_controller.ray"),
 ]
 
 

@@ -458,3 +458,27 @@ def test_load_a_file_saved_before_the_tensordict(tmp_path):
     back = DataProto.load_from_disk(str(path))
     assert isinstance(back.batch, TensorDict) and back.batch["x"].tolist() == [0, 1, 2]
     assert back.meta_info == {"step": 2} and back.non_tensor_batch["u"].tolist() == ["a", "b", "c"]
+
+
+def test_concat_meta_info_rules_of_the_original():
+    a, b, c = make(6).chunk(3)
+    a.meta_info.update(metrics=None, eos=torch.tensor([2, 3]))  # the first part has no metrics
+    b.meta_info.update(metrics=[{"pg_loss": 0.5}, {"pg_loss": 0.25, "lr": 1e-6}], eos=torch.tensor([2, 3]))
+    c.meta_info.update(metrics={"pg_loss": [0.75, 1.0], "kl": [0.1]}, only_here="c")
+    out = DataProto.concat([a, b, c])
+    assert list(out.meta_info) == ["temperature", "eos", "only_here", "metrics"]
+    assert torch.equal(out.meta_info["eos"], torch.tensor([2, 3])) and out.meta_info["only_here"] == "c"
+    # list-of-dict and dict-of-list metrics of every part flattened into one list per key, in part order
+    assert out.meta_info["metrics"] == {"pg_loss": [0.5, 0.25, 0.75, 1.0], "lr": [1e-6], "kl": [0.1]}
+    assert "metrics" not in DataProto.concat([make(2), make(2)]).meta_info
+    c.meta_info["eos"] = torch.tensor([2, 4])
+    with pytest.raises(AssertionError, match=r"meta_info\['eos'\]"):
+        DataProto.concat([a, b, c])
+
+
+def test_an_uneven_chunk_raises_the_originals_assertion_error_with_the_fixes():
+    with pytest.raises(AssertionError) as error:
+        make(5).chunk(2)
+    assert str(error.value) == ("cannot chunk a batch of 5 rows into 2 equal parts: pad it with "
+                                "pad_dataproto_to_divisor(data, 2) first (unpad_dataproto after), or allow "
+                                "unequal parts with DataProtoConfig.auto_padding = True")

@@ -16,7 +16,20 @@ MOVED = {
     "verl.utils.reward_score": "verl.rewards.scorers",
     "verl.utils.dataset": "verl.data",
     "verl.workers.reward_manager": "verl.rewards.managers",
+    "verl.single_controller.base": "verl.single_controller",
+    "verl.single_controller.ray.base": "verl.single_controller.ray",
 }
+
+__all__ = ["DataProto", "__version__"]
+
+
+def __getattr__(name):
+    # ``from verl import DataProto`` as in the original, without making ``import verl`` load torch.
+    if name == "DataProto":
+        from verl.protocol import DataProto
+
+        return DataProto
+    raise AttributeError(f"module 'verl' has no attribute {name!r}")
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -462,16 +462,18 @@ class DataProto:
         self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
 
     def chunk(self, chunks: int) -> list["DataProto"]:
-        """Split into ``chunks`` consecutive parts of equal size. Use :func:`pad_dataproto_to_divisor` first
-        when the batch size is not a multiple of ``chunks`` (and :func:`unpad_dataproto` after). With padding
+        """Split into ``chunks`` consecutive parts of equal size; a batch size that is not a multiple of ``chunks``
+        raises :class:`DataProtoValueError`, an ``AssertionError`` as in the original. Use
+        :func:`pad_dataproto_to_divisor` first (and :func:`unpad_dataproto` after). With padding
         enabled (:meth:`is_padding_enabled`) an uneven batch is split as ``torch.chunk`` splits it (parts of
         ceil(n / chunks) rows), and empty parts complete the list when that gives fewer than ``chunks``."""
         n = len(self)
         if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
             raise DataProtoValueError(f"chunks must be a positive int, got {chunks!r}")
         if n % chunks and not self.is_padding_enabled():
-            raise DataProtoValueError(f"cannot chunk a batch of {n} into {chunks} equal parts; pad it with "
-                                      f"pad_dataproto_to_divisor(data, {chunks}) first")
+            raise DataProtoValueError(f"cannot chunk a batch of {n} rows into {chunks} equal parts: pad it with "
+                                      f"pad_dataproto_to_divisor(data, {chunks}) first (unpad_dataproto after), or "
+                                      "allow unequal parts with DataProtoConfig.auto_padding = True")
         size = -(-n // chunks)
         parts = [self.slice(start, start + size) for start in range(0, n, size)] if n else []
         return parts + [self.slice(n, n) for _ in range(chunks - len(parts))]
@@ -484,9 +486,11 @@ class DataProto:
 
     @staticmethod
     def concat(data: list["DataProto"]) -> "DataProto":
-        """Stack parts row-wise. ``meta_info`` keeps the keys of every part (a key in several parts must hold
-        equal values there), except ``metrics``: each part's metrics (a dict, or a list of dicts) are merged
-        into one dict of lists."""
+        """Stack parts row-wise. ``meta_info`` keeps the keys of every part, each once: a key in several parts
+        must hold equal values there (compared deeply, NaN equal to NaN), else :class:`DataProtoValueError` (an
+        ``AssertionError``, as in the original) names the key. ``metrics`` is merged instead: each part's
+        metrics (a dict, or a list of dicts; None adds nothing) become one dict of lists with every key of
+        every part, list values flattened into it (per-rank dicts of lists give one list per key)."""
         data = list(data)
         if not data:
             raise DataProtoValueError("DataProto.concat needs at least one DataProto")

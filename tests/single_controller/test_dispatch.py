@@ -72,9 +72,9 @@ class RecordingWorker:
 class FakeGroup(WorkerGroup):
     """Every rank's worker in this process; calls run at submit time."""
 
-    def __init__(self, world_size, worker_cls=RecordingWorker):
+    def __init__(self, world_size, worker_cls=RecordingWorker, workers=None):
         super().__init__(worker_cls, "fake")
-        self.workers = [worker_cls(rank) for rank in range(world_size)]
+        self.workers = workers if workers is not None else [worker_cls(rank) for rank in range(world_size)]
 
     @property
     def world_size(self):
@@ -238,3 +238,58 @@ def test_worker_defaults_without_a_group(monkeypatch):
     monkeypatch.setenv("VERL_DEVICE", "tpu")
     with pytest.raises(ValueError, match="expected 'cpu' or 'cuda'"):
         Worker()
+
+
+def test_a_mode_given_inline_as_a_dict_as_in_the_original():
+    class Inline:
+        def __init__(self, rank):
+            self.rank = rank
+
+        @register(dispatch_mode={"dispatch_fn": lambda wg, item: ([[item + r for r in range(wg.world_size)]], {}),
+                                 "collect_fn": lambda wg, outputs: max(outputs)})
+        def shifted(self, item):
+            return item * 10 + self.rank
+
+    assert FakeGroup(3, Inline).shifted(1) == 3 * 10 + 2  # rank r gets 1 + r
+    with pytest.raises(ValueError, match="callable 'dispatch_fn' and 'collect_fn'"):
+        register(dispatch_mode={"dispatch_fn": len})
+
+
+def test_dp_compute_proto_with_func_sends_the_function_and_splits_the_rest():
+    workers = [Worker(), Worker()]
+    workers[1].rank = 1
+    group = FakeGroup(2, Worker, workers)  # Worker.execute_with_func_generator, as the original's Worker has
+    out = group.execute_with_func_generator(lambda worker, data, k: data.repeat(k), make_batch(3), k=2)
+    assert out.batch["x"].tolist() == [0, 0, 1, 1, 2, 2]  # 3 rows padded to 4, 2 results per row, padding dropped
+    assert group.execute_func_rank_zero(lambda a, b: a * b, 6, b=7) == 42
+    with pytest.raises(TypeError, match="takes a function as its first argument.*got a DataProto"):
+        group.execute_with_func_generator(make_batch(2))
+
+
+def test_colocated_forwarders_keep_each_role_methods_registration():
+    from verl.single_controller.worker_group import ClassWithInitArgs, colocated_worker_class
+
+    roles = {"actor": ClassWithInitArgs(RecordingWorker, 0), "critic": ClassWithInitArgs(RecordingWorker, 1)}
+    host = colocated_worker_class(roles)
+    assert host.role_classes == {"actor": RecordingWorker, "critic": RecordingWorker}
+    group = FakeGroup(1, host, [host(roles)])  # a group of the fused class has every role's methods, prefixed
+    assert group.critic_whoami() == 1 and group.actor_double(make_batch(2)).batch["x"].tolist() == [0, 2]
+
+
+def test_resource_pool_counts_workers_per_node():
+    from verl.single_controller import ResourcePool
+
+    pool = ResourcePool([2, 3])
+    assert pool.world_size == 5
+    assert pool.local_world_size_list() == [2, 2, 3, 3, 3]
+    assert pool.local_rank_list() == [0, 1, 0, 1, 2]
+    with pytest.raises(ValueError, match="positive worker counts per node"):
+        ResourcePool([2, 0])
+
+
+def test_a_multi_rank_worker_without_a_group_says_how_to_start_one(monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("VERL_RANK0_HOSTS_STORE", raising=False)
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=2 but no rendezvous.*through a WorkerGroup"):
+        Worker().init_process_group()

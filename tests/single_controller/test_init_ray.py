@@ -13,7 +13,7 @@ SCRIPT = r"""
 import logging, os
 import ray
 from verl.single_controller import ClassWithInitArgs, Dispatch, Worker, register
-from verl.single_controller.ray import RayWorkerGroup, ResourcePool, init_ray
+from verl.single_controller.ray import RayResourcePool, RayWorkerGroup, init_ray
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -24,7 +24,7 @@ class EnvWorker(Worker):
         return {k: os.environ.get(k) for k in keys}
 
 assert not ray.is_initialized()
-group = RayWorkerGroup(ResourcePool([1], use_gpu=False), ClassWithInitArgs(EnvWorker))
+group = RayWorkerGroup(RayResourcePool([1], use_gpu=False), ClassWithInitArgs(EnvWorker))
 print("ENV", group.environment()[0])
 print("NODE", [n["NodeManagerAddress"] for n in ray.nodes()])
 print("DASHBOARD", bool(ray._private.worker.global_worker.node.address_info.get("webui_url")))

@@ -2,7 +2,6 @@
 giving the same answers."""
 
 import os
-import socket
 import sys
 import time
 
@@ -24,37 +23,18 @@ from verl.single_controller import (
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
 
+from tests.single_controller import sockets  # noqa: E402
+from tests.single_controller.sockets import LOOPBACK, listening_addresses  # noqa: E402
 from verl.single_controller.local import LocalWorkerGroup  # noqa: E402
 from verl.single_controller.ray import (  # noqa: E402
     RayWorkerGroup,
-    ResourcePool,
+    RayResourcePool,
     create_colocated_worker_groups,
 )
 
 # Ray workers cannot import test modules (pytest's importlib mode): ship the toy classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def listening_addresses() -> set[str]:
-    """Local addresses of the TCP sockets this process listens on."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    found = set()
-    for table, family in (("/proc/self/net/tcp", socket.AF_INET), ("/proc/self/net/tcp6", socket.AF_INET6)):
-        with open(table) as f:
-            for line in list(f)[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    raw = bytes.fromhex(fields[1].split(":")[0])
-                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # per-word endianness
-                    found.add(socket.inet_ntop(family, raw))
-    return found
+cloudpickle.register_pickle_by_value(sockets)
 
 
 def dispatch_reversed(worker_group, items):
@@ -70,11 +50,11 @@ REVERSED_SUM = register_dispatch_mode("TOY_REVERSED_SUM", dispatch_reversed, col
 
 class ToyWorker(Worker):
     def __init__(self, scale=2.0):
+        before = listening_addresses()  # rank 0's Worker.__init__ serves the rendezvous store
         super().__init__()
         if scale < 0:
             raise ValueError(f"scale must be >= 0, got {scale}")
         self.scale = scale
-        before = listening_addresses()
         self.init_process_group()
         self.new_listening = sorted(listening_addresses() - before)
         self.config = None
@@ -123,8 +103,8 @@ class ToyWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def environment(self):
-        keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "VERL_DEVICE", "VERL_DIST_INIT_METHOD",
-                "GLOO_SOCKET_IFNAME"]
+        keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "VERL_DEVICE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_USE_AGENT_STORE", "GLOO_SOCKET_IFNAME"]
         return {**{k: os.environ.get(k) for k in keys}, "listening": self.new_listening,
                 "pid": os.getpid(), "backend": dist.get_backend(), "dist_world": dist.get_world_size(),
                 "node_id": ray.get_runtime_context().get_node_id()}
@@ -182,7 +162,7 @@ def make_batch(n):
 
 @pytest.fixture(scope="module")
 def toy_pool(ray_session):
-    pool = ResourcePool([2], use_gpu=False, max_colocate_count=1, name="toy_pool")
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1, name_prefix="toy_pool")
     yield pool
     pool.remove()
 
@@ -229,13 +209,13 @@ def test_all_reduce_over_gloo_with_loopback_rendezvous(toy_group):
     assert toy_group.all_reduce(5) == [11.0, 11.0]  # (5 + 0) + (5 + 1)
     envs = toy_group.environment()
     assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"]) for e in envs] == [("0", "2", "0"), ("1", "2", "1")]
-    assert len({e["VERL_DIST_INIT_METHOD"] for e in envs}) == 1
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
     for env in envs:
-        assert env["VERL_DIST_INIT_METHOD"].startswith("file://")  # no rendezvous socket at all
+        # one node: the group meets at a store rank 0 serves on loopback, which torch's env:// joins too
+        assert (env["MASTER_ADDR"], env["TORCHELASTIC_USE_AGENT_STORE"]) == ("127.0.0.1", "True")
         assert (env["GLOO_SOCKET_IFNAME"], env["backend"], env["VERL_DEVICE"]) == ("lo", "gloo", "cpu")
-        # every socket opened by joining the process group listens on loopback only
-        loopback = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
-        assert env["listening"] and all(addr in loopback for addr in env["listening"]), env
+        # every socket opened by starting the worker and joining the process group listens on loopback only
+        assert env["listening"] and all(addr in LOOPBACK for addr in env["listening"]), env
     assert envs[0]["pid"] != envs[1]["pid"]
 
 
@@ -265,7 +245,7 @@ def test_local_backend_gives_the_same_results(toy_group, local_group):
     assert local_group.describe("t") == [("t", 0, 1, {"lr": 1.0})]
     assert local_group.all_reduce(5) == [5.0]
     assert local_group.whoami() == (0, os.getpid())  # in the driver's own process
-    assert local_group.environment()[0]["VERL_DIST_INIT_METHOD"] is None  # private file:// rendezvous
+    assert local_group.environment()[0]["MASTER_ADDR"] is None  # a private rendezvous through a file
     with pytest.raises(WorkerError, match="'toy' rank 0 raised in fail_on"):
         local_group.fail_on(0)
 
@@ -287,7 +267,7 @@ def test_local_colocated_roles_live_in_the_driver(local_group):
 
 
 def test_colocated_roles_share_one_actor_per_rank(ray_session):
-    pool = ResourcePool([2], use_gpu=False, name="colocated_pool")
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="colocated_pool")
     groups = create_colocated_worker_groups(pool, {
         "actor_rollout": ClassWithInitArgs(ToyWorker, scale=3.0),
         "critic": ClassWithInitArgs(ToyCritic, offset=10.0)})
@@ -305,7 +285,7 @@ def test_colocated_roles_share_one_actor_per_rank(ray_session):
 
 
 def test_dead_worker_is_reported_while_the_other_waits_in_a_barrier(ray_session):
-    pool = ResourcePool([2], use_gpu=False, name="crash_pool")
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="crash_pool")
     group = RayWorkerGroup(pool, ClassWithInitArgs(ToyWorker), name_prefix="crashy")
     try:
         start = time.monotonic()
@@ -323,7 +303,7 @@ def test_dead_worker_is_reported_while_the_other_waits_in_a_barrier(ray_session)
 
 
 def test_failing_constructor_is_reported_by_rank(ray_session):
-    pool = ResourcePool([2], use_gpu=False, name="bad_init_pool")
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="bad_init_pool")
     try:
         with pytest.raises(WorkerError, match=r"(?s)'bad' rank \d raised in __init__.*scale must be >= 0"):
             RayWorkerGroup(pool, ClassWithInitArgs(ToyWorker, scale=-1.0), name_prefix="bad")
@@ -337,13 +317,13 @@ def test_failing_constructor_is_reported_by_rank(ray_session):
 def test_pool_checks_the_cluster_before_waiting(ray_session):
     with pytest.raises(RuntimeError, match=r"trainer.n_gpus_per_node=8 x trainer.nnodes=1 needs 8 GPUs "
                                            r"\(8 per node\) but the Ray cluster has 0 .*trainer.device=cpu"):
-        ResourcePool([8], use_gpu=True).bundles()
+        RayResourcePool([8], use_gpu=True).bundles()
     # The session's nodes have 4 CPUs each: 6 on one node can never fit, said at once.
     with pytest.raises(RuntimeError, match=r"needs 6 CPUs \(3 per worker, 6 on one node\).*4 on its largest"):
-        ResourcePool([2], use_gpu=False, num_cpus_per_worker=3).bundles()
+        RayResourcePool([2], use_gpu=False, num_cpus_per_worker=3).bundles()
     # Fits the cluster, but the other pools hold the room: reported after the wait.
-    held = [ResourcePool([1], use_gpu=False, num_cpus_per_worker=3) for _ in range(2)]
-    third = ResourcePool([1], use_gpu=False, num_cpus_per_worker=3, ready_timeout_s=1)
+    held = [RayResourcePool([1], use_gpu=False, num_cpus_per_worker=3) for _ in range(2)]
+    third = RayResourcePool([1], use_gpu=False, num_cpus_per_worker=3, ready_timeout_s=1)
     try:
         for pool in held:
             pool.bundles()
@@ -354,20 +334,18 @@ def test_pool_checks_the_cluster_before_waiting(ray_session):
             pool.remove()
 
 
-LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
-
 
 def test_a_pool_over_two_nodes_spans_both_and_reports_a_dead_rank(ray_session):
     """process_on_nodes=[1, 1] (trainer.nnodes=2): one worker on each of the session's two Ray nodes,
     joined through a TCP store that rank 0 serves on its node's address (loopback here, as the nodes
     share this machine); a rank that dies mid-collective is reported across nodes."""
-    pool = ResourcePool([1, 1], use_gpu=False, name="two_node_pool")
+    pool = RayResourcePool([1, 1], use_gpu=False, name_prefix="two_node_pool")
     group = RayWorkerGroup(pool, ClassWithInitArgs(ToyWorker, scale=2.0), name_prefix="spread")
     try:
         envs = group.environment()
         assert len({e["node_id"] for e in envs}) == 2
         assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"]) for e in envs] == [("0", "2", "0"), ("1", "2", "0")]
-        assert all(e["VERL_DIST_INIT_METHOD"].startswith("tcp://127.0.0.1:") for e in envs)
+        assert all(e["MASTER_ADDR"] == "127.0.0.1" for e in envs) and len({e["MASTER_PORT"] for e in envs}) == 1
         assert all(e["GLOO_SOCKET_IFNAME"] == "lo" for e in envs)
         for env in envs:
             assert env["listening"] and all(addr in LOOPBACK for addr in env["listening"]), env
@@ -381,7 +359,7 @@ def test_a_pool_over_two_nodes_spans_both_and_reports_a_dead_rank(ray_session):
 
 
 def test_a_pool_wanting_more_nodes_than_the_cluster_has_says_so(ray_session):
-    pool = ResourcePool([1, 1, 1], use_gpu=False, name="three_node_pool")
+    pool = RayResourcePool([1, 1, 1], use_gpu=False, name_prefix="three_node_pool")
     with pytest.raises(RuntimeError, match=r"over 3 nodes.*only 2 of the cluster's 2 nodes have room.*ray start"):
         pool.bundles()
 
@@ -389,7 +367,7 @@ def test_a_pool_wanting_more_nodes_than_the_cluster_has_says_so(ray_session):
 def test_a_rank_stuck_in_a_collective_is_reported_after_the_timeout(ray_session):
     """Rank 1 (on the other node) skips an all-reduce: rank 0 waits, and after the collective timeout
     the group reports rank 0 with the hint to look for ranks that took different paths."""
-    pool = ResourcePool([1, 1], use_gpu=False, name="stuck_pool")
+    pool = RayResourcePool([1, 1], use_gpu=False, name_prefix="stuck_pool")
     group = RayWorkerGroup(pool, ClassWithInitArgs(StuckWorker), name_prefix="actor_rollout")
     try:
         start = time.monotonic()

@@ -206,10 +206,10 @@ def test_worker_phases_come_back_through_the_group_and_are_logged_once(monkeypat
 def pools(ray_session):
     from ray import cloudpickle
 
-    from verl.single_controller.ray import ResourcePool
+    from verl.single_controller.ray import RayResourcePool
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import test modules
-    made = [ResourcePool([1], use_gpu=False, max_colocate_count=1, name=f"startup_{i}") for i in range(3)]
+    made = [RayResourcePool([1], use_gpu=False, max_colocate_count=1, name_prefix=f"startup_{i}") for i in range(3)]
     yield made
     for pool in made:
         pool.remove()

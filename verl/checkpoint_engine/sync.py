@@ -12,7 +12,6 @@ dtypes and shapes of what is still to come are unknown without gathering it.
 
 import json
 import math
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -20,6 +19,8 @@ from urllib.parse import urlsplit
 
 import torch
 from torch.distributed import ProcessGroup, TCPStore
+
+from verl.utils.net import serve_store
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -239,13 +240,10 @@ def _rendezvous_store(host: str, port: int, rank: int, world_size: int, timeout:
     interface, whatever host it is given."""
     if rank == 0:
         try:
-            listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                            backlog=world_size)
+            return serve_store(host, port, world_size, timeout)
         except OSError as error:
             raise RuntimeError(f"the weight-sync sender cannot listen on {host}:{port} ({error}): give an address of "
                                "this host and a port that is free on it") from error
-        return TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
-                        master_listen_fd=listener.detach())
     try:
         return TCPStore(host, port, world_size, False, timeout)
     except RuntimeError as error:

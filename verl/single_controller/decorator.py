@@ -15,7 +15,10 @@ per-rank results into one value. A dispatch mode is a named pair of functions:
 - ``collect_fn(worker_group, outputs: list) -> result``: ``outputs[i]`` is rank i's return value.
 
 The built-in modes are the attributes of :class:`Dispatch`; :func:`register_dispatch_mode` adds
-a mode under a new name, after which ``Dispatch.<NAME>`` refers to it.
+a mode under a new name, after which ``Dispatch.<NAME>`` refers to it. As in the original verl,
+``@register(dispatch_mode={"dispatch_fn": ..., "collect_fn": ...})`` also gives one method a mode
+of its own without naming it. The original's import path ``verl.single_controller.base.decorator``
+is this module.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class Dispatch:
       (rows repeated from its start) and cut into equal consecutive chunks, chunk i to rank i;
       other arguments go to every rank as given. The rank results (DataProtos) are concatenated
       in rank order and the padding rows removed, so the result lines up with the input.
+    - ``DP_COMPUTE_PROTO_WITH_FUNC``: the first argument is a function, sent to every rank; the
+      other arguments are split and the results gathered as in ``DP_COMPUTE_PROTO``. The method
+      typically calls the function on its chunk (``Worker.execute_with_func_generator``).
     - ``DP_COMPUTE_METRIC``: split like ``DP_COMPUTE_PROTO``; return the list of rank results
       (typically metric dicts). Padding rows are seen by the last ranks.
     """
@@ -52,6 +58,7 @@ class Dispatch:
     ALL_TO_ALL = "ALL_TO_ALL"
     DP_COMPUTE = "DP_COMPUTE"
     DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"
+    DP_COMPUTE_PROTO_WITH_FUNC = "DP_COMPUTE_PROTO_WITH_FUNC"
     DP_COMPUTE_METRIC = "DP_COMPUTE_METRIC"
 
 
@@ -91,6 +98,16 @@ def dispatch_dp_compute_proto(worker_group, *args, **kwargs):
         return value.chunk(n) if isinstance(value, DataProto) else [value] * n
 
     return [split(a) for a in args], {k: split(v) for k, v in kwargs.items()}
+
+
+def dispatch_dp_compute_proto_with_func(worker_group, *args, **kwargs):
+    """The function to every rank, the rest as :func:`dispatch_dp_compute_proto` splits it."""
+    if not args or not callable(args[0]):
+        got = f"a {type(args[0]).__name__}" if args else "no positional argument"
+        raise TypeError(f"Dispatch.DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first argument (each rank "
+                        f"calls it on its chunk), got {got}")
+    rank_args, rank_kwargs = dispatch_dp_compute_proto(worker_group, *args[1:], **kwargs)
+    return [[args[0]] * worker_group.world_size, *rank_args], rank_kwargs
 
 
 def collect_list(worker_group, outputs: list) -> list:
@@ -148,6 +165,8 @@ for _mode in (
     DispatchMode(Dispatch.ALL_TO_ALL, dispatch_one_to_all, collect_list),
     DispatchMode(Dispatch.DP_COMPUTE, dispatch_dp_compute, collect_list),
     DispatchMode(Dispatch.DP_COMPUTE_PROTO, dispatch_dp_compute_proto, collect_dp_compute_proto, True),
+    DispatchMode(Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, dispatch_dp_compute_proto_with_func, collect_dp_compute_proto,
+                 True),
     DispatchMode(Dispatch.DP_COMPUTE_METRIC, dispatch_dp_compute_proto, collect_list, True),
 ):
     _add_mode(_mode)
@@ -164,11 +183,22 @@ def register_dispatch_mode(name: str, dispatch_fn: Callable, collect_fn: Callabl
     return name
 
 
-def get_dispatch_mode(name: str) -> DispatchMode:
+def get_dispatch_mode(mode: str | dict | DispatchMode) -> DispatchMode:
+    """The mode named ``mode``; a ``{"dispatch_fn", "collect_fn"}`` dict (the original's inline form)
+    or a :class:`DispatchMode` is a mode of its own."""
+    if isinstance(mode, DispatchMode):
+        return mode
+    if isinstance(mode, dict):
+        missing = sorted({"dispatch_fn", "collect_fn"} - mode.keys())
+        if missing or not all(callable(mode[k]) for k in ("dispatch_fn", "collect_fn")):
+            raise ValueError(f"a dispatch mode given as a dict needs callable 'dispatch_fn' and 'collect_fn' "
+                             f"entries; got keys {sorted(mode)}")
+        fn = mode["dispatch_fn"]
+        return DispatchMode(f"custom:{getattr(fn, '__qualname__', repr(fn))}", fn, mode["collect_fn"])
     try:
-        return _MODES[name]
-    except KeyError:
-        raise ValueError(f"unknown dispatch mode {name!r}; known modes: {sorted(_MODES)} "
+        return _MODES[mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown dispatch mode {mode!r}; known modes: {sorted(_MODES)} "
                          f"(add one with register_dispatch_mode)") from None
 
 
@@ -178,14 +208,14 @@ _SPEC_ATTR = "__verl_register__"
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """What ``@register`` stored on a method."""
+    """What ``@register`` stored on a method: a mode's name, or a mode of its own (given as a dict)."""
 
-    dispatch_mode: str
+    dispatch_mode: str | DispatchMode
     execute_mode: Execute
     blocking: bool
 
 
-def register(dispatch_mode: str = Dispatch.ALL_TO_ALL, execute_mode: Execute = Execute.ALL,
+def register(dispatch_mode: str | dict | DispatchMode = Dispatch.ALL_TO_ALL, execute_mode: Execute = Execute.ALL,
              blocking: bool = True):
     """Mark a worker method as callable from the driver through a WorkerGroup.
 
@@ -193,12 +223,12 @@ def register(dispatch_mode: str = Dispatch.ALL_TO_ALL, execute_mode: Execute = E
     and returns what the blocking call would have. ``Dispatch.RANK_ZERO`` implies
     ``Execute.RANK_ZERO``.
     """
-    get_dispatch_mode(dispatch_mode)  # fail at class definition on a misspelled mode
+    mode = get_dispatch_mode(dispatch_mode)  # fail at class definition on a misspelled mode
     if not isinstance(execute_mode, Execute):
         raise TypeError(f"execute_mode must be an Execute member, got {execute_mode!r}")
-    if dispatch_mode == Dispatch.RANK_ZERO:
+    if mode.name == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO
-    spec = MethodSpec(dispatch_mode, execute_mode, blocking)
+    spec = MethodSpec(mode.name if _MODES.get(mode.name) is mode else mode, execute_mode, blocking)
 
     def decorate(fn):
         if inspect.iscoroutinefunction(fn):

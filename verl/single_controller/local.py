@@ -1,9 +1,9 @@
 """The local backend: the workers live in the driver's own process.
 
-World size 1, rank 0, a torch.distributed group of one (gloo on CPU, nccl on CUDA, ``file://``
-rendezvous), and the same ``@register`` dispatch as the Ray backend, so a whole run can be
-stepped through with a debugger, and the smallest runs need no Ray at all. Arguments are deep
-copied on the way in, as if they had crossed a process boundary: a worker that changes its input
+World size 1, rank 0, a torch.distributed group of one (gloo on CPU, nccl on CUDA, met through a
+private file: ``Worker.init_process_group``), and the same ``@register`` dispatch as the Ray backend,
+so a whole run can be stepped through with a debugger, and the smallest runs need no Ray at all.
+Arguments are deep copied on the way in, as if they had crossed a process boundary: a worker that changes its input
 in place changes its own copy, as it would under Ray. Calls run when made, so a ``blocking=False``
 call returns an already-resolved future, and a failing call raises at once.
 """

@@ -6,8 +6,9 @@ that runs on the driver:
     dispatch (split the arguments over ranks) -> run on every rank (or rank 0) -> wait -> collect
 
 so the driver writes ``values = critic_wg.compute_values(batch)`` and never sees the ranks. The
-backends (``ray.py``, ``local.py``) only say how a call reaches a rank and how its result is
-awaited; everything else lives here, once.
+backends (``ray``, ``local``) only say how a call reaches a rank and how its result is
+awaited; everything else lives here, once. The original verl's import path
+``verl.single_controller.base.worker_group`` is this module.
 """
 
 from __future__ import annotations
@@ -15,15 +16,46 @@ from __future__ import annotations
 import functools
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from verl.protocol import DataProto, unpad_dataproto
 from verl.single_controller.decorator import (
-    Dispatch, Execute, MethodSpec, get_dispatch_mode, pad_dataproto_args, registered_methods
+    Execute, MethodSpec, collect_dp_compute_proto, collect_list, get_dispatch_mode, pad_dataproto_args, register,
+    registered_methods
 )
 
-__all__ = ["ClassWithInitArgs", "WorkerGroup", "WorkerError", "WorkerFuture", "DataProtoFuture",
+__all__ = ["ClassWithInitArgs", "ResourcePool", "WorkerGroup", "WorkerError", "WorkerFuture", "DataProtoFuture",
            "WorkerDict", "colocated_worker_class"]
+
+
+class ResourcePool:
+    """How many workers a pool runs on each node: ``process_on_nodes[i]`` on the i-th node, the i-th
+    node's workers having local ranks ``0 .. process_on_nodes[i] - 1``. A backend places them
+    (:class:`verl.single_controller.ray.RayResourcePool`); up to ``max_colocate_count`` worker groups
+    may share the pool's devices."""
+
+    def __init__(self, process_on_nodes: Sequence[int], max_colocate_count: int = 3):
+        process_on_nodes = list(process_on_nodes)
+        if not process_on_nodes or any(int(n) != n or n <= 0 for n in process_on_nodes):
+            raise ValueError(f"process_on_nodes must be a non-empty list of positive worker counts per "
+                             f"node, got {process_on_nodes}")
+        if max_colocate_count < 1:
+            raise ValueError(f"max_colocate_count must be at least 1, got {max_colocate_count}")
+        self.process_on_nodes = [int(n) for n in process_on_nodes]
+        self.max_colocate_count = max_colocate_count
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+    def local_world_size_list(self) -> list[int]:
+        """The number of workers on each rank's node, by rank."""
+        return [n for n in self.process_on_nodes for _ in range(n)]
+
+    def local_rank_list(self) -> list[int]:
+        """Each rank's index among its node's workers, by rank."""
+        return [i for n in self.process_on_nodes for i in range(n)]
 
 
 class ClassWithInitArgs:
@@ -46,7 +78,10 @@ class ClassWithInitArgs:
 
 class WorkerDict:
     """Colocated roles in one process: one instance of each role, built in the given order.
-    :func:`colocated_worker_class` adds a ``{role}_{method}`` forwarder per registered method."""
+    :func:`colocated_worker_class` adds a ``{role}_{method}`` forwarder per registered method,
+    registered as the role's method is, and ``role_classes`` (role -> class)."""
+
+    role_classes: dict[str, type] = {}
 
     def __init__(self, roles: dict[str, ClassWithInitArgs]):
         self.workers = {role: build() for role, build in roles.items()}
@@ -55,12 +90,12 @@ class WorkerDict:
         return f"WorkerDict({'+'.join(self.workers)}, rank={os.environ.get('RANK')})"
 
 
-def _forward(role: str, method: str) -> Callable:
+def _forward(role: str, method: str, spec: MethodSpec) -> Callable:
     def call(self, *args, **kwargs):
         return getattr(self.workers[role], method)(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = f"{role}_{method}"
-    return call
+    return register(spec.dispatch_mode, spec.execute_mode, spec.blocking)(call)
 
 
 def colocated_worker_class(roles: dict[str, ClassWithInitArgs]) -> type:
@@ -68,8 +103,9 @@ def colocated_worker_class(roles: dict[str, ClassWithInitArgs]) -> type:
     for role in roles:
         if not role.isidentifier():
             raise ValueError(f"colocated role names must be Python identifiers, got {role!r}")
-    methods = {f"{role}_{m}": _forward(role, m) for role, c in roles.items() for m in registered_methods(c.cls)}
-    return type("WorkerDict", (WorkerDict,), methods)
+    methods = {f"{role}_{m}": _forward(role, m, spec) for role, c in roles.items()
+               for m, spec in registered_methods(c.cls).items()}
+    return type("WorkerDict", (WorkerDict,), {**methods, "role_classes": {role: c.cls for role, c in roles.items()}})
 
 
 class WorkerError(RuntimeError):
@@ -112,6 +148,10 @@ class WorkerGroup(ABC):
     call reaches the worker (colocated roles live in one object as ``{role}_{method}``).
     """
 
+    # What a non-blocking call returns when its result is the list of rank results (a backend may give
+    # a future that its own library also understands).
+    _list_future: type[WorkerFuture] = WorkerFuture
+
     def __init__(self, worker_cls: type, name: str, method_prefix: str = ""):
         self.worker_cls = worker_cls
         self.name = name
@@ -151,7 +191,7 @@ class WorkerGroup(ABC):
         Calls to one worker process run in the order they were made."""
         ranks = list(range(self.world_size))
         handles = self._submit(method_name, [(r, args, kwargs) for r in ranks])
-        return WorkerFuture(self, method_name, ranks, handles, finish=list)
+        return self._list_future(self, method_name, ranks, handles, finish=list)
 
     def execute_rank_zero(self, method_name: str, *args, **kwargs) -> Any:
         """Call ``method_name`` on rank 0 only and return its result."""
@@ -160,7 +200,12 @@ class WorkerGroup(ABC):
     # --------------------------------------------------------------- registered methods
     def _make_proxy(self, method: str, spec: MethodSpec) -> Callable:
         mode = get_dispatch_mode(spec.dispatch_mode)
-        future_cls = DataProtoFuture if mode.name == Dispatch.DP_COMPUTE_PROTO else WorkerFuture
+        if mode.collect_fn is collect_dp_compute_proto:
+            future_cls = DataProtoFuture
+        elif mode.collect_fn is collect_list and spec.execute_mode == Execute.ALL:
+            future_cls = self._list_future
+        else:
+            future_cls = WorkerFuture
 
         def call(*args, **kwargs):
             args = tuple(a.get() if isinstance(a, WorkerFuture) else a for a in args)  # a future: wait for it

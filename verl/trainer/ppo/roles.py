@@ -102,7 +102,7 @@ def start_groups(trainer, ray_kwargs, pools: dict) -> tuple[dict, list, list]:
     if trainer.backend == "local":
         from verl.single_controller.local import create_colocated_worker_groups
     else:
-        from verl.single_controller.ray import ResourcePool, create_colocated_worker_groups, init_ray
+        from verl.single_controller.ray import RayResourcePool, create_colocated_worker_groups, init_ray
 
         init_ray(ray_kwargs, device=trainer.device)
     groups, hosts, resource_pools = {}, [], []
@@ -110,7 +110,7 @@ def start_groups(trainer, ray_kwargs, pools: dict) -> tuple[dict, list, list]:
         for name, (layout, roles) in pools.items():
             pool = None
             if trainer.backend != "local":  # the local backend has one process: every pool is this process
-                pool = ResourcePool(layout, use_gpu=trainer.device == "cuda", name=name)
+                pool = RayResourcePool(layout, use_gpu=trainer.device == "cuda", name_prefix=name)
                 resource_pools.append(pool)
             made = create_colocated_worker_groups(pool, roles, device=trainer.device)
             groups.update(made)

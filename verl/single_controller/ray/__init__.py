@@ -1,14 +1,18 @@
-"""The Ray backend: one Ray actor per device, placed by a ResourcePool.
+"""The Ray backend: one Ray actor per device, placed by a RayResourcePool. As in the original verl:
 
-    pool = ResourcePool([n_gpus_per_node] * nnodes, use_gpu=True)
-    critic_wg = RayWorkerGroup(pool, ClassWithInitArgs(CriticWorker, config), name_prefix="critic")
+    pool = RayResourcePool([n_gpus_per_node] * nnodes, use_gpu=True)
+    critic_wg = RayWorkerGroup(resource_pool=pool,
+                               ray_cls_with_init=RayClassWithInitArgs(ray.remote(CriticWorker), config))
     # or several roles sharing each device, one actor per device hosting all of them:
-    wgs = create_colocated_worker_groups(pool, {"actor_rollout": ClassWithInitArgs(...),
-                                                "critic": ClassWithInitArgs(...)})
+    colocated = create_colocated_worker_cls({"actor_rollout": RayClassWithInitArgs(...),
+                                             "critic": RayClassWithInitArgs(...)})
+    wgs = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=colocated).spawn({"actor_rollout", "critic"})
 
-A ResourcePool reserves one placement group per node (STRICT_PACK, one bundle per worker) and
-hands out ranks in a stable order: nodes sorted by IP, then bundle order. Up to
-``max_colocate_count`` worker groups may share a pool; each actor takes that fraction of a bundle.
+(``create_colocated_worker_groups(pool, roles)`` does the last two steps.) A RayResourcePool reserves
+one placement group per node (STRICT_PACK, one bundle per worker) and hands out ranks in a stable
+order: nodes sorted by IP, then bundle order. Up to ``max_colocate_count`` worker groups may share a
+pool; each actor takes that fraction of a bundle. The original's import path
+``verl.single_controller.ray.base`` is this module.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ import contextlib
 import logging
 import os
 import re
-import tempfile
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,12 +28,18 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from verl.single_controller import watchdog
-from verl.single_controller.worker import DEVICE_ENV, INIT_METHOD_ENV, NODE_IP_ENV, free_port
-from verl.single_controller.worker_group import ClassWithInitArgs, WorkerError, WorkerGroup, colocated_worker_class
+from verl.single_controller import watchdog, worker_group
+from verl.single_controller.worker import DEVICE_ENV, NODE_IP_ENV, free_port, rendezvous_env
+from verl.single_controller.worker_group import (
+    ClassWithInitArgs, WorkerError, WorkerFuture, WorkerGroup, colocated_worker_class
+)
 from verl.utils.startup import COMPILE_CACHE_ENV
 
-__all__ = ["init_ray", "ResourcePool", "RayWorkerGroup", "ClassWithInitArgs", "create_colocated_worker_groups"]
+__all__ = ["init_ray", "RayResourcePool", "RayClassWithInitArgs", "RayWorkerGroup", "RayWorkerFuture",
+           "ClassWithInitArgs", "create_colocated_worker_cls", "create_colocated_worker_groups"]
+
+# The original's name: the class and its arguments, built inside the Ray actor.
+RayClassWithInitArgs = ClassWithInitArgs
 
 logger = logging.getLogger("verl.single_controller")
 # Watchdogs of the local Ray instances this process started; kept referenced, since closing a watchdog's
@@ -125,36 +133,26 @@ class _Bundle:
     local_world_size: int
 
 
-class ResourcePool:
-    """Devices for worker groups: ``process_on_nodes[i]`` workers on the i-th node.
+class RayResourcePool(worker_group.ResourcePool):
+    """Devices for worker groups on Ray: ``process_on_nodes[i]`` workers on the i-th node.
 
     Each worker gets a bundle of ``num_cpus_per_worker`` CPUs (default 1 with GPUs, 0.25 without,
     so a 2-core machine holds several CPU workers and the driver) plus one GPU when ``use_gpu``.
     Placement groups are created on first use, after checking that the cluster can hold them.
+    ``name_prefix`` (the original's keyword) names the pool in errors.
     """
 
-    def __init__(self, process_on_nodes: Sequence[int], use_gpu: bool = True, max_colocate_count: int = 3,
-                 num_cpus_per_worker: float | None = None, name: str = "global_pool",
+    def __init__(self, process_on_nodes: Sequence[int], use_gpu: bool = True, name_prefix: str | None = None,
+                 max_colocate_count: int = 3, *, num_cpus_per_worker: float | None = None,
                  ready_timeout_s: float = 120.0):
-        process_on_nodes = list(process_on_nodes)
-        if not process_on_nodes or any(int(n) != n or n <= 0 for n in process_on_nodes):
-            raise ValueError(f"process_on_nodes must be a non-empty list of positive worker counts per "
-                             f"node, got {process_on_nodes}")
-        if max_colocate_count < 1:
-            raise ValueError(f"max_colocate_count must be at least 1, got {max_colocate_count}")
-        self.process_on_nodes = [int(n) for n in process_on_nodes]
+        super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
-        self.max_colocate_count = max_colocate_count
         self.num_cpus_per_worker = num_cpus_per_worker if num_cpus_per_worker is not None else (
             1.0 if use_gpu else 0.25)
-        self.name = name
+        self.name = name_prefix or "global_pool"
         self.ready_timeout_s = ready_timeout_s
         self._bundles: list[_Bundle] | None = None
         self._groups = 0
-
-    @property
-    def world_size(self) -> int:
-        return sum(self.process_on_nodes)
 
     def actor_options(self) -> dict:
         """Resources of one actor: its share of a bundle (Ray accepts 4 decimals; round down)."""
@@ -266,14 +264,15 @@ class ResourcePool:
 _free_port = ray.remote(num_cpus=0)(free_port)  # run on the node whose address it is
 
 
-def _rendezvous(bundles: list[_Bundle], name: str) -> str:
-    """A file on one node (no socket at all); rank 0's node address and a free port across nodes
-    (decided by Ray node, not address: nodes started on one machine share one)."""
-    if len({b.node_id for b in bundles}) == 1:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-        return "file://" + os.path.join(tempfile.gettempdir(), "verl-rdzv", f"{safe}-{uuid.uuid4().hex}")
-    ip, where = bundles[0].node_ip, NodeAffinitySchedulingStrategy(bundles[0].node_id, soft=False)
-    return f"tcp://{ip}:{ray.get(_free_port.options(scheduling_strategy=where).remote(ip))}"
+def _master_address(bundles: list[_Bundle]) -> tuple[str, int]:
+    """Where the group meets (rank 0 serves the store there): loopback when every rank is on one node
+    (decided by Ray node, not address: nodes started on one machine share one), else rank 0's node
+    address; and a port free there now."""
+    host = "127.0.0.1" if len({b.node_id for b in bundles}) == 1 else bundles[0].node_ip
+    if bundles[0].node_ip == ray.util.get_node_ip_address():  # rank 0 is on this machine
+        return host, free_port(host)
+    where = NodeAffinitySchedulingStrategy(bundles[0].node_id, soft=False)
+    return host, ray.get(_free_port.options(scheduling_strategy=where).remote(host))
 
 
 class _Actors:
@@ -287,11 +286,11 @@ class _Actors:
         self.pool, self.stopped, self.handles = pool, None, []
         bundles = pool._claim(name)
         try:
-            init_method = _rendezvous(bundles, name)
+            meet = rendezvous_env(*_master_address(bundles))
             for rank, b in enumerate(bundles):
                 env = {"RANK": str(rank), "WORLD_SIZE": str(len(bundles)), "LOCAL_RANK": str(b.index),
-                       "LOCAL_WORLD_SIZE": str(b.local_world_size), DEVICE_ENV: device,
-                       INIT_METHOD_ENV: init_method, NODE_IP_ENV: b.node_ip}
+                       "LOCAL_WORLD_SIZE": str(b.local_world_size), DEVICE_ENV: device, NODE_IP_ENV: b.node_ip,
+                       **meet}
                 strategy = PlacementGroupSchedulingStrategy(b.pg, placement_group_bundle_index=b.index)
                 options = dict(pool.actor_options(), scheduling_strategy=strategy, runtime_env={"env_vars": env})
                 self.handles.append(actor_cls.options(**options).remote(*args, **kwargs))
@@ -361,21 +360,51 @@ _COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)"
 _STORE_TIMEOUT = re.compile(r"client socket has timed out.*trying to connect", re.IGNORECASE | re.DOTALL)
 
 
+class RayWorkerFuture(list, WorkerFuture):
+    """The future of a non-blocking call whose result is the list of rank results: ``get()`` as every
+    :class:`WorkerFuture`, and also the list of the calls' Ray object references, so that
+    ``ray.get(future)`` works as it does on the original's non-blocking calls."""
+
+    def __init__(self, group: WorkerGroup, method: str, ranks: list[int], handles: list, finish):
+        list.__init__(self, handles)
+        WorkerFuture.__init__(self, group, method, ranks, handles, finish)
+
+
 class RayWorkerGroup(WorkerGroup):
-    """One worker of ``cls_with_init.cls`` per bundle of ``resource_pool``, each in its own Ray
+    """One worker of ``ray_cls_with_init.cls`` per bundle of ``resource_pool``, each in its own Ray
     actor. ``name_prefix`` names the role in errors (default: the class name); ``device`` is
     ``"cuda"`` or ``"cpu"`` (default: ``"cuda"`` if the pool has GPUs)."""
 
-    def __init__(self, resource_pool: ResourcePool, cls_with_init: ClassWithInitArgs,
+    _list_future = RayWorkerFuture
+
+    def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: ClassWithInitArgs,
                  name_prefix: str | None = None, device: str | None = None):
-        name = name_prefix or cls_with_init.cls.__name__
-        super().__init__(cls_with_init.cls, name)
-        self._actors = _Actors(resource_pool, ray.remote(cls_with_init.cls), cls_with_init.args,
-                               cls_with_init.kwargs, name, device)
+        name = name_prefix or ray_cls_with_init.cls.__name__
+        super().__init__(ray_cls_with_init.cls, name)
+        self._actors = _Actors(resource_pool, ray.remote(ray_cls_with_init.cls), ray_cls_with_init.args,
+                               ray_cls_with_init.kwargs, name, device)
 
     @property
     def world_size(self) -> int:
         return len(self._actors.handles)
+
+    @property
+    def workers(self) -> list:
+        """The Ray actor handles, by rank (calls on them bypass dispatch and error reports)."""
+        return list(self._actors.handles)
+
+    def spawn(self, prefix_set) -> dict[str, "RayWorkerGroup"]:
+        """For a group of colocated roles (built from :func:`create_colocated_worker_cls`): a group per role
+        named in ``prefix_set``, whose methods are the role's own (``critic.compute_values`` calls
+        ``critic_compute_values`` on the shared actors)."""
+        roles = getattr(self.worker_cls, "role_classes", None)
+        if roles is None:
+            raise TypeError(f"spawn() splits a group of colocated roles (made by create_colocated_worker_cls); "
+                            f"'{self.name}' hosts {self.worker_cls.__name__} alone")
+        unknown = sorted(set(prefix_set) - roles.keys())
+        if unknown:
+            raise ValueError(f"spawn({sorted(prefix_set)}): '{self.name}' hosts the roles {list(roles)}, not {unknown}")
+        return {role: _ColocatedRole(self._actors, roles[role], role) for role in prefix_set}
 
     def _check_running(self, method: str) -> None:
         if self._actors.stopped is not None:
@@ -410,11 +439,19 @@ class _ColocatedRole(RayWorkerGroup):
         self._actors = actors
 
 
-def create_colocated_worker_groups(resource_pool: ResourcePool, roles: dict[str, ClassWithInitArgs],
+def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> ClassWithInitArgs:
+    """The original's way to colocate roles: one class (a ``WorkerDict``) that builds every role of
+    ``class_dict`` in its process and exposes each role's registered methods as ``{role}_{method}``.
+    A :class:`RayWorkerGroup` of it has those prefixed methods; its :meth:`RayWorkerGroup.spawn` gives
+    a group per role. The roles share each device (time-slicing it) and one torch.distributed
+    process group per process."""
+    roles = dict(class_dict)
+    return ClassWithInitArgs(colocated_worker_class(roles), roles)
+
+
+def create_colocated_worker_groups(resource_pool: RayResourcePool, roles: dict[str, ClassWithInitArgs],
                                    device: str | None = None) -> dict[str, RayWorkerGroup]:
-    """Build every role inside ONE Ray actor per bundle (a ``WorkerDict``) and return a WorkerGroup
-    per role. The roles share each device (time-slicing it) and one torch.distributed process
-    group per process. Stopping any role's group stops the shared actors."""
-    host_cls = ray.remote(colocated_worker_class(roles))
-    actors = _Actors(resource_pool, host_cls, (dict(roles),), {}, "+".join(roles), device)
-    return {role: _ColocatedRole(actors, c.cls, role) for role, c in roles.items()}
+    """Build every role inside ONE Ray actor per bundle (:func:`create_colocated_worker_cls`) and
+    return a WorkerGroup per role. Stopping any role's group stops the shared actors."""
+    host = RayWorkerGroup(resource_pool, create_colocated_worker_cls(roles), name_prefix="+".join(roles), device=device)
+    return host.spawn(roles)
