@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from verl.models.moe import take_aux_loss_request
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
@@ -153,10 +155,12 @@ def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust
 
     ``config_key`` is the config key the path came from; it is named in every error. ``remove_padding``
     loads it with the packed attention of :mod:`verl.models.packed` (SDPA otherwise; both take padded
-    batches, only the former also takes packed ones).
+    batches, only the former also takes packed ones). A config's ``output_router_logits`` (mixture of
+    experts) moves onto the model, see :func:`verl.models.moe.take_aux_loss_request`.
     """
     model = load_pretrained("AutoModelForCausalLM", path, dtype=dtype, trust_remote_code=trust_remote_code,
                             override_config=override_config, remove_padding=remove_padding, config_key=config_key)
+    take_aux_loss_request(model)  # a mixture of experts' router loss: computed in the actor's updates only
     if use_gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from verl.models.moe import RouterSpec, router_load
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
 KERNELS = ("auto", "torch", "triton")
@@ -119,30 +120,49 @@ def call_as_forward(module: torch.nn.Module, fn, *args, **kwargs):
             module.forward = previous
 
 
-def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool):
-    """The backbone's (``model.model``'s) final hidden states: padded, (B, T, H) and None; packed (see
-    :mod:`verl.models.packed`), (N, H) for the N valid tokens and the `Packed` batch that places them."""
+def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, **kwargs):
+    """The backbone's (``model.model``'s) output and, packed, the `Packed` batch it ran on (else None)."""
     backbone = getattr(model, model.base_model_prefix)
     if not packed:
         return backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False).last_hidden_state, None
+                        use_cache=False, **kwargs), None
     from verl.models.packed import pack
 
     batch = pack(input_ids, attention_mask, position_ids)
-    return backbone(**batch.model_kwargs(), use_cache=False).last_hidden_state[0], batch
+    return backbone(**batch.model_kwargs(), use_cache=False, **kwargs), batch
 
 
-def _hidden_states(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool):
-    """Final hidden states at the positions that predict the last ``response_length`` tokens.
+def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool):
+    """The backbone's (``model.model``'s) final hidden states: padded, (B, T, H) and None; packed (see
+    :mod:`verl.models.packed`), (N, H) for the N valid tokens and the `Packed` batch that places them."""
+    output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed)
+    hidden = output.last_hidden_state
+    return (hidden, None) if batch is None else (hidden[0], batch)
+
+
+def _hidden_states(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool,
+                   routing: RouterSpec | None = None):
+    """Final hidden states at the positions that predict the last ``response_length`` tokens, and the
+    routers' (aux_loss, loads) of this forward with ``routing`` (see :func:`verl.models.moe.router_load`).
 
     Padded: (B, R, H) at columns T-R-1 .. T-2, with ``None`` as the mask. Packed: (n, H) for the n valid
     response tokens only, with the (B, R) mask that places them (row-major) back into the batch.
     """
-    hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, packed)
+    if routing is None:
+        hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, packed)
+        router = None
+    else:
+        output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed,
+                                      output_router_logits=True)
+        hidden = output.last_hidden_state if batch is None else output.last_hidden_state[0]
+        # Packed rows are all real tokens; padded ones are masked by the attention mask.
+        valid = None if batch is not None else attention_mask.reshape(-1).bool()
+        with torch.set_grad_enabled(torch.is_grad_enabled() and routing.add_aux_loss):
+            router = router_load(output.router_logits, routing.num_experts, routing.top_k, valid)
     if batch is None:
-        return hidden[:, -response_length - 1:-1], None
+        return hidden[:, -response_length - 1:-1], None, router
     valid, before = batch.response_positions(response_length)
-    return hidden[before], valid
+    return hidden[before], valid, router
 
 
 def _unpack(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -158,6 +178,26 @@ def _check_response_length(response_length: int, input_ids: torch.Tensor) -> Non
         raise ValueError(f"response_length={response_length} must be in [1, sequence length {input_ids.shape[1]})")
 
 
+def _scored_forward(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,
+                    chunk_size: int, compute_entropy: bool, remove_padding: bool, kernel: str,
+                    routing: RouterSpec | None):
+    def scored_forward(input_ids, attention_mask, position_ids):
+        hidden, valid, router = _hidden_states(model, input_ids, attention_mask, position_ids, response_length,
+                                               remove_padding, routing)
+        labels = input_ids[:, -response_length:]
+        lm_head = model.get_output_embeddings()
+        log_probs, entropy = logprobs_and_entropy_from_hidden(
+            hidden, lm_head.weight, labels if valid is None else labels[valid],
+            temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
+            lm_head_bias=getattr(lm_head, "bias", None), kernel=kernel,
+        )
+        scored = _unpack(log_probs, valid), (_unpack(entropy, valid) if entropy is not None else None)
+        return scored if router is None else (*scored, *router)
+
+    _check_response_length(response_length, input_ids)
+    return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids)
+
+
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                      response_length: int, temperature: float = 1.0, chunk_size: int = 1024,
                      compute_entropy: bool = True, remove_padding: bool = False, kernel: str = "auto"):
@@ -171,19 +211,19 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     :data:`verl.models.packed.ATTN_IMPLEMENTATION`), and score valid response tokens only; padded
     response positions then hold 0. ``kernel``: see :func:`resolve_kernel`.
     """
-    def scored_forward(input_ids, attention_mask, position_ids):
-        hidden, valid = _hidden_states(model, input_ids, attention_mask, position_ids, response_length, remove_padding)
-        labels = input_ids[:, -response_length:]
-        lm_head = model.get_output_embeddings()
-        log_probs, entropy = logprobs_and_entropy_from_hidden(
-            hidden, lm_head.weight, labels if valid is None else labels[valid],
-            temperature=temperature, chunk_size=chunk_size, compute_entropy=compute_entropy,
-            lm_head_bias=getattr(lm_head, "bias", None), kernel=kernel,
-        )
-        return _unpack(log_probs, valid), (_unpack(entropy, valid) if entropy is not None else None)
+    return _scored_forward(model, input_ids, attention_mask, position_ids, response_length, temperature, chunk_size,
+                           compute_entropy, remove_padding, kernel, routing=None)
 
-    _check_response_length(response_length, input_ids)
-    return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids)
+
+def forward_logprobs_and_routing(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                 position_ids: torch.Tensor, response_length: int, routing: RouterSpec,
+                                 temperature: float = 1.0, chunk_size: int = 1024, compute_entropy: bool = True,
+                                 remove_padding: bool = False, kernel: str = "auto"):
+    """:func:`forward_logprobs` of a mixture-of-experts model (``routing``: :func:`verl.models.moe.router_spec`),
+    plus its routers' auxiliary loss (0-d; differentiable when ``routing.add_aux_loss``) and expert loads
+    (L, E) over every valid token of the batch, prompts included: ``(log_probs, entropy, aux_loss, loads)``."""
+    return _scored_forward(model, input_ids, attention_mask, position_ids, response_length, temperature, chunk_size,
+                           compute_entropy, remove_padding, kernel, routing=routing)
 
 
 def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -195,7 +235,8 @@ def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     in :func:`forward_logprobs` (padded response positions hold 0).
     """
     def value_forward(input_ids, attention_mask, position_ids):
-        hidden, valid = _hidden_states(model, input_ids, attention_mask, position_ids, response_length, remove_padding)
+        hidden, valid, _ = _hidden_states(model, input_ids, attention_mask, position_ids, response_length,
+                                          remove_padding)
         head = model.score if hasattr(model, "score") else model.classifier
         return _unpack(head(hidden).squeeze(-1).float(), valid)
 

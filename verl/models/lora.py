@@ -155,8 +155,25 @@ def _inject(model: torch.nn.Module, settings: LoraSettings, value_head: bool) ->
     if not any("lora_A" in name for name, _ in model.named_parameters()):
         raise ValueError(f"{settings.section}: no module of {type(model).__name__} took a LoRA adapter "
                          f"(target_modules={settings.target_modules!r}, exclude_modules={settings.exclude_modules!r})")
+    _refuse_parameter_adapters(model, settings)
     for name, param in model.named_parameters():
         param.requires_grad = "lora_" in name or (value_head and name.split(".")[0] in VALUE_HEADS)
+
+
+def _refuse_parameter_adapters(model: torch.nn.Module, settings: LoraSettings) -> None:
+    """peft adapts some parameters that are no ``nn.Linear`` weight in place (``ParamWrapper``: with
+    'all-linear', Qwen3-MoE's 3-D expert weights and its router). Generation merges and exports only
+    ``nn.Linear`` adapters, so those are refused here, before any training."""
+    try:
+        from peft.tuners.lora import ParamWrapper
+    except ImportError:  # a peft without parameter adapters
+        return
+    wrapped = [name for name, module in model.named_modules() if isinstance(module, ParamWrapper)]
+    if wrapped:
+        raise ValueError(f"{settings.section}.target_modules={settings.target_modules!r} gives LoRA adapters to "
+                         f"parameters that are not nn.Linear weights ({', '.join(wrapped[:3])}, ...: mixture-of-"
+                         "experts weights or routers), which this verl cannot merge for generation or export; "
+                         "list nn.Linear modules instead, e.g. target_modules=[q_proj,k_proj,v_proj,o_proj]")
 
 
 def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
-from verl.models import forward_logprobs
+from verl.models import forward_logprobs, forward_logprobs_and_routing
+from verl.models.moe import ExpertLoad, router_spec
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import all_reduce_scalar, map_micro_batches, split_micro_batches
 from verl.workers.config.actor import ActorConfig, RefConfig
@@ -116,6 +117,7 @@ class DataParallelPPOActor:
         self.max_token_len = max_token_len
         self.remove_padding = remove_padding
         self.logprob_kernel = logprob_kernel
+        self.routing = router_spec(engine.module)  # None for a dense model: its update does no router work
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, *, temperature: float, micro_batch_size: int | None,
@@ -171,16 +173,22 @@ class DataParallelPPOActor:
             data.batch["row_index"] = torch.arange(len(data), device=data.batch["input_ids"].device)
             recorded = {"old_log_probs": torch.zeros_like(data.batch["response_mask"], dtype=torch.float32),
                         "entropys": torch.zeros_like(data.batch["response_mask"], dtype=torch.float32)}
-        loss_fn = self._make_loss_fn(temperature, recorded)
+        expert_load = ExpertLoad() if self.routing is not None else None
+        loss_fn = self._make_loss_fn(temperature, recorded, expert_load)
         metrics = run_mini_batches(self.engine, data, config, "actor", self.mini_batch_size, self.micro_batch_size,
                                    self.max_token_len, loss_fn)
         metrics.setdefault("actor/kl_loss", [0.0])  # logged without KL loss too, as the original does
+        if expert_load is not None:
+            metrics.update({key: [value] for key, value in expert_load.metrics("actor/moe").items()})
         return metrics, (DataProto(batch=recorded) if recorded is not None else None)
 
-    def _make_loss_fn(self, temperature: float, recorded: dict[str, torch.Tensor] | None = None):
+    def _make_loss_fn(self, temperature: float, recorded: dict[str, torch.Tensor] | None = None,
+                      expert_load: ExpertLoad | None = None):
         """The micro-batch loss. With ``recorded`` (on-policy, no old log-probs given) the old log-probs
         are this forward's, detached, and they and the entropy are written into ``recorded`` at the
-        micro-batch's ``row_index``."""
+        micro-batch's ``row_index``. A mixture-of-experts model (``self.routing``) adds its routers'
+        auxiliary loss when its config asks for it (:mod:`verl.models.moe`), reports it as
+        ``actor/moe/aux_loss`` and adds each forward's expert loads to ``expert_load``."""
         config = self.config
         # Bypass mode: the old log-probs are the rollout's, and its loss applies the rollout correction itself.
         bypass = config.policy_loss.rollout_correction.bypass_mode
@@ -190,14 +198,19 @@ class DataParallelPPOActor:
         report_entropy = entropy_coeff != 0 or config.calculate_entropy
         need_entropy = report_entropy or recorded is not None
         use_kl_loss, kl_coef, kl_type = config.use_kl_loss, float(config.kl_loss_coef), config.kl_loss_type
+        routing = self.routing
 
         def loss_fn(module, micro: DataProto):
             batch = micro.batch
             mask = batch["response_mask"]
-            log_prob, entropy = forward_logprobs(
-                module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], mask.shape[-1],
-                temperature=temperature, compute_entropy=need_entropy, remove_padding=self.remove_padding,
-                kernel=self.logprob_kernel)
+            inputs = (module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], mask.shape[-1])
+            options = {"temperature": temperature, "compute_entropy": need_entropy,
+                       "remove_padding": self.remove_padding, "kernel": self.logprob_kernel}
+            if routing is None:
+                log_prob, entropy = forward_logprobs(*inputs, **options)
+            else:
+                log_prob, entropy, aux_loss, loads = forward_logprobs_and_routing(*inputs, routing=routing, **options)
+                expert_load.add(loads)
             if recorded is not None:
                 old_log_prob = log_prob.detach()
                 recorded["old_log_probs"][batch["row_index"]] = old_log_prob
@@ -221,6 +234,10 @@ class DataParallelPPOActor:
                 kl = agg_loss(kl_penalty(log_prob, batch["ref_log_prob"], kl_type), mask, agg_mode, scale_factor)
                 loss = loss + kl_coef * kl
                 metrics.update({"actor/kl_loss": kl.detach(), "actor/kl_coef": kl_coef})
+            if routing is not None:
+                if routing.add_aux_loss:
+                    loss = loss + routing.aux_loss_coef * aux_loss
+                metrics["actor/moe/aux_loss"] = aux_loss.detach()
             return loss * micro.meta_info["loss_scale"], metrics
 
         return loss_fn
