@@ -2,6 +2,6 @@
 actor's own weights over a slot KV cache, continuous batching and CUDA-graph decode."""
 
 from verl.workers.rollout.native.engine import NativeRollout
-from verl.workers.rollout.native.model import UnsupportedModelError
+from verl.workers.rollout.native.weights import UnsupportedModelError
 
 __all__ = ["NativeRollout", "UnsupportedModelError"]

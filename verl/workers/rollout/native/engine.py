@@ -44,9 +44,9 @@ from verl.protocol import DataProto
 from verl.utils import startup
 from verl.workers.rollout.base import BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output, check_left_padded
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
-from verl.workers.rollout.native.model import DecoderWeights
 from verl.workers.rollout.native.scheduler import Run, SlotState
 from verl.workers.rollout.native.stream import StreamRun, StreamServer
+from verl.workers.rollout.native.weights import DecoderWeights
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
 
 __all__ = ["NativeRollout"]
