@@ -3,13 +3,21 @@
 Every row is validated and tokenized when the dataset is built, so a malformed row, a missing
 chat template or an overlong prompt is reported (with its file and row) before training starts.
 Token ids are kept in one flat int32 array, about 4 bytes per prompt token.
+
+With a vision-language model's processor (:mod:`verl.models.vision`) rows carry images in the column
+``data.image_key`` (a list of ``{"bytes": ...}`` or ``{"path": ...}`` dicts, as the original's geo3k
+preprocessing writes them), each placed where the prompt says ``<image>``. A sample then also holds
+``multi_modal_data`` (``{"image": [PIL images]}``), ``multi_modal_inputs`` (``pixel_values``,
+``image_grid_thw``) and M-RoPE ``position_ids`` (3, max_prompt_length), as the original's do.
 """
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +27,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from verl.models.vision import IMAGE_PLACEHOLDER, as_vision_processor, rope_index
 from verl.protocol import object_array
 from verl.trainer.config.config import DataConfig
 
@@ -120,13 +129,11 @@ class RLHFDataset(Dataset):
     """
 
     def __init__(self, data_files, tokenizer, config=None, processor=None, max_samples: int = -1):
-        if processor is not None:
-            raise ValueError("RLHFDataset reads text prompts only (no image or video inputs); "
-                             "load the model without a multimodal processor (processor=None).")
         self.data_files = _data_files(data_files)
         self.tokenizer = tokenizer
+        self.processor = None if processor is None else as_vision_processor(processor, tokenizer)
         config = DataConfig.from_config(config)
-        self.prompt_key, self.reward_fn_key = config.prompt_key, config.reward_fn_key
+        self.prompt_key, self.reward_fn_key, self.image_key = config.prompt_key, config.reward_fn_key, config.image_key
         self.max_prompt_length, self.truncation = int(config.max_prompt_length), config.truncation
         self.filter_overlong_prompts = config.filter_overlong_prompts
         self.return_raw_chat, self.return_full_prompt = config.return_raw_chat, config.return_full_prompt
@@ -166,6 +173,11 @@ class RLHFDataset(Dataset):
                 raise DatasetError(f"{path}: column '{column}' is missing; columns present: {table.column_names}. "
                                    "Add it in preprocessing, or set data.prompt_key / data.reward_fn_key to an "
                                    "existing column.")
+        if self.processor is not None and self.image_key not in table.column_names:
+            raise DatasetError(f"{path}: actor_rollout_ref.model.path is a vision-language model "
+                               f"({self.processor.config.model_type}) but the data has no image column "
+                               f"data.image_key={self.image_key!r}; columns present: {table.column_names}. Point "
+                               "data.image_key at the column of images, or train a text model.")
         return table
 
     def _select_rows(self, max_samples: int, shuffle: bool, seed: int) -> np.ndarray:
@@ -210,7 +222,56 @@ class RLHFDataset(Dataset):
             messages = _chat_messages(prompt, self.prompt_key)
         except DatasetError as err:
             raise DatasetError(f"{self._where(row)}: {err}") from None
-        return self._render(messages, row)
+        return self._render(_with_image_items(messages) if self.processor is not None else messages, row)
+
+    def _check_no_images(self, file_idx: int, rows: list[int], start: int) -> None:
+        """A text model cannot take the images a row carries: stop at the first such row."""
+        table = self._tables[file_idx]
+        if self.image_key not in table.column_names:
+            return
+        images = table.column(self.image_key).to_pylist()
+        for row in rows:
+            if images[row - start]:
+                raise DatasetError(f"{self.data_files[file_idx]}, row {row - start}, column '{self.image_key}' "
+                                   "(data.image_key) holds images, but actor_rollout_ref.model.path is a text-only "
+                                   "model (no vision tower, no image processor). Use a vision-language model such "
+                                   "as Qwen2.5-VL, or drop the images in preprocessing.")
+
+    def _load_images(self, value: Any, file_idx: int, local: int) -> list:
+        """The PIL images of one row's ``data.image_key`` cell, RGB."""
+        from PIL import Image
+
+        where = f"{self.data_files[file_idx]}, row {local}, column '{self.image_key}'"
+        if value is None:
+            return []
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise DatasetError(f"{where}: expected a list of images ({{'bytes': ...}} or {{'path': ...}} dicts), got "
+                               f"{type(value).__name__}: {_short_repr(value)}")
+        images = []
+        for i, item in enumerate(value):
+            item = {"path": item} if isinstance(item, str) else item
+            try:
+                if isinstance(item, dict) and item.get("bytes") is not None:
+                    image = Image.open(io.BytesIO(item["bytes"]))
+                elif isinstance(item, dict) and item.get("path"):
+                    path = os.path.expanduser(item["path"])
+                    if not os.path.isabs(path) and not os.path.exists(path):  # relative to the parquet file
+                        path = os.path.join(os.path.dirname(self.data_files[file_idx]), path)
+                    image = Image.open(path)
+                else:
+                    raise ValueError(f"an image must be a {{'bytes': ...}} or {{'path': ...}} dict, got "
+                                     f"{_short_repr(item)}")
+                images.append(image.convert("RGB"))
+            except (OSError, ValueError) as err:
+                raise DatasetError(f"{where}: image {i} could not be read: {err}") from None
+        return images
+
+    def _process(self, text: str, images: list, file_idx: int, local: int) -> tuple[list[int], dict]:
+        try:
+            return self.processor(text, images)
+        except ValueError as err:
+            raise DatasetError(f"{self.data_files[file_idx]}, row {local}: {err}. Put one '{IMAGE_PLACEHOLDER}' in "
+                               f"the prompt (data.prompt_key) for each image of data.image_key.") from None
 
     def _tokenize_all(self):
         """Validate, chat-template and tokenize every selected row into one flat id array."""
@@ -221,10 +282,18 @@ class RLHFDataset(Dataset):
             if not rows:
                 continue
             prompts = table.column(self.prompt_key).to_pylist()
+            if self.processor is None:
+                self._check_no_images(file_idx, rows, start)
+            else:
+                images = table.column(self.image_key).to_pylist()
             for begin in range(0, len(rows), _TOKENIZE_CHUNK):
                 batch_rows = rows[begin : begin + _TOKENIZE_CHUNK]
                 texts = [self._templated_prompt(prompts[row - start], row) for row in batch_rows]
-                ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+                if self.processor is None:
+                    ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+                else:  # image tokens expanded to each image's length
+                    ids = [self._process(text, self._load_images(images[row - start], file_idx, row - start),
+                                         file_idx, row - start)[0] for text, row in zip(texts, batch_rows)]
                 chunk_lengths = [len(x) for x in ids]
                 chunks.append(np.fromiter(itertools.chain.from_iterable(ids), np.int32, sum(chunk_lengths)))
                 lengths.extend(chunk_lengths)
@@ -245,6 +314,13 @@ class RLHFDataset(Dataset):
             if len(self._rows) == 0:
                 raise DatasetError(f"every one of the {total} prompts in {self.data_files} is longer than "
                                    f"data.max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length.")
+        elif overlong.any() and self.processor is not None:
+            first = int(np.argmax(overlong))
+            raise DatasetError(f"{self._where(int(self._rows[first]))}: prompt is {int(self._token_len[first])} tokens "
+                               f"with its image tokens, longer than data.max_prompt_length={self.max_prompt_length} "
+                               f"({int(overlong.sum())} prompts are overlong); prompts with images are never cut (an "
+                               "image's tokens must all be there). Raise data.max_prompt_length or set "
+                               "data.filter_overlong_prompts=True.")
         elif self.truncation == "error" and overlong.any():
             first = int(np.argmax(overlong))
             raise DatasetError(f"{self._where(int(self._rows[first]))}: prompt is {int(self._token_len[first])} tokens "
@@ -265,13 +341,24 @@ class RLHFDataset(Dataset):
 
         start = self._token_start[item]
         ids = self._token_ids[start : start + self._token_len[item]].tolist()
+        multi_modal = None
+        if self.processor is not None:
+            images = self._load_images(record.pop(self.image_key), file_idx, local)
+            _, inputs = self._process(self._templated_prompt(messages, row), images, file_idx, local)
+            multi_modal = {"image": images} if images else {}, inputs
         ids = truncate_prompt(ids, self.max_prompt_length, self.truncation)
         pad = self.max_prompt_length - len(ids)
         input_ids = torch.tensor([self.pad_token_id] * pad + ids, dtype=torch.long)
         attention_mask = torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(len(ids), dtype=torch.long)])
-        position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+        if multi_modal is None:
+            position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+        else:  # M-RoPE (3, P)
+            position_ids = rope_index(self.processor.config, input_ids, attention_mask,
+                                      multi_modal[1].get("image_grid_thw"))
 
         out = {k: _plain(v) for k, v in record.items()}
+        if multi_modal is not None:
+            out["multi_modal_data"], out["multi_modal_inputs"] = multi_modal
         extra_info = out.get("extra_info")
         index = extra_info.get("index") if isinstance(extra_info, dict) else None
         out.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, raw_prompt_ids=ids,
@@ -281,6 +368,17 @@ class RLHFDataset(Dataset):
         if self.return_full_prompt:
             out["full_prompts"] = self._render(messages, row)
         return out
+
+
+def _with_image_items(messages: list[dict]) -> list[dict]:
+    """Messages whose ``<image>`` placeholders become ``{"type": "image"}`` content items between the text
+    pieces, the form a vision-language chat template renders as image tokens."""
+    out = []
+    for message in messages:
+        pieces = [p for p in re.split(f"({re.escape(IMAGE_PLACEHOLDER)})", message["content"]) if p]
+        content = [{"type": "image"} if p == IMAGE_PLACEHOLDER else {"type": "text", "text": p} for p in pieces]
+        out.append({**message, "content": content})
+    return out
 
 
 def collate_fn(items: list[dict]) -> dict:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from verl.models.moe import take_aux_loss_request
+from verl.models.vision import is_vision_language
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,12 @@ def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, tru
 
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key=config_key)
+    if is_vision_language(config):
+        if auto_class != "AutoModelForCausalLM":
+            raise ValueError(f"{config_key}={path!r} is a vision-language model ({config.model_type}); only the policy "
+                             "(actor, reference, rollout) can be one. Value and reward models must be text models: "
+                             "use algorithm.adv_estimator=grpo (no critic), or a text model for this role.")
+        auto_class = "AutoModelForImageTextToText"  # the causal LM of a vision-language model, vision tower included
     mapping = getattr(modeling_auto, _MAPPING_NAMES[auto_class])
     remote = trust_remote_code and auto_class in (getattr(config, "auto_map", None) or {})
     if config.model_type not in mapping and not remote:
@@ -145,13 +152,14 @@ def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, tru
 
 _MAPPING_NAMES = {"AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
                   "AutoModelForTokenClassification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
-                  "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"}
+                  "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                  "AutoModelForImageTextToText": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"}
 
 
 def load_causal_lm(path: str, *, dtype: torch.dtype | str = torch.float32, trust_remote_code: bool = False,
                    override_config: Mapping | None = None, remove_padding: bool = False,
                    use_gradient_checkpointing: bool = False, config_key: str = "actor_rollout_ref.model.path"):
-    """A ``AutoModelForCausalLM`` from ``path`` in ``dtype`` (fp32 master weights for training by default).
+    """A ``AutoModelForCausalLM`` (for a vision-language model: ``AutoModelForImageTextToText``) from ``path`` in ``dtype`` (fp32 master weights for training by default).
 
     ``config_key`` is the config key the path came from; it is named in every error. ``remove_padding``
     loads it with the packed attention of :mod:`verl.models.packed` (SDPA otherwise; both take padded

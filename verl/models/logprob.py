@@ -120,10 +120,22 @@ def call_as_forward(module: torch.nn.Module, fn, *args, **kwargs):
             module.forward = previous
 
 
-def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, **kwargs):
-    """The backbone's (``model.model``'s) output and, packed, the `Packed` batch it ran on (else None)."""
+def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, multi_modal: dict | None = None,
+                  **kwargs):
+    """The backbone's (``model.model``'s) output and, packed, the `Packed` batch it ran on (else None).
+
+    ``multi_modal``: a vision-language model's image inputs of these rows (``pixel_values``, ``image_grid_thw``;
+    see :mod:`verl.models.vision`), with M-RoPE ``position_ids`` (B, 3, T)."""
     backbone = getattr(model, model.base_model_prefix)
+    if multi_modal:
+        # The vision encoder runs on its own, once per micro-batch: in a packed forward the language model's
+        # sequence boundaries (cu_seq_lens_*) would otherwise reach the vision tower's attention as well.
+        image = backbone.get_image_features(multi_modal["pixel_values"], multi_modal["image_grid_thw"],
+                                            return_dict=True)
+        kwargs["mm_encoder_outputs"] = {"image": image}
     if not packed:
+        if position_ids.dim() == 3:  # M-RoPE: the batch holds (B, 3, T), the model takes (3, B, T)
+            position_ids = position_ids.transpose(0, 1)
         return backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         use_cache=False, **kwargs), None
     from verl.models.packed import pack
@@ -132,16 +144,16 @@ def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, 
     return backbone(**batch.model_kwargs(), use_cache=False, **kwargs), batch
 
 
-def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool):
+def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool, multi_modal: dict | None = None):
     """The backbone's (``model.model``'s) final hidden states: padded, (B, T, H) and None; packed (see
     :mod:`verl.models.packed`), (N, H) for the N valid tokens and the `Packed` batch that places them."""
-    output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed)
+    output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed, multi_modal)
     hidden = output.last_hidden_state
     return (hidden, None) if batch is None else (hidden[0], batch)
 
 
 def _hidden_states(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool,
-                   routing: RouterSpec | None = None):
+                   routing: RouterSpec | None = None, multi_modal: dict | None = None):
     """Final hidden states at the positions that predict the last ``response_length`` tokens, and the
     routers' (aux_loss, loads) of this forward with ``routing`` (see :func:`verl.models.moe.router_load`).
 
@@ -149,10 +161,10 @@ def _hidden_states(model, input_ids, attention_mask, position_ids, response_leng
     response tokens only, with the (B, R) mask that places them (row-major) back into the batch.
     """
     if routing is None:
-        hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, packed)
+        hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, packed, multi_modal)
         router = None
     else:
-        output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed,
+        output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed, multi_modal,
                                       output_router_logits=True)
         hidden = output.last_hidden_state if batch is None else output.last_hidden_state[0]
         # Packed rows are all real tokens; padded ones are masked by the attention mask.
@@ -180,10 +192,10 @@ def _check_response_length(response_length: int, input_ids: torch.Tensor) -> Non
 
 def _scored_forward(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float,
                     chunk_size: int, compute_entropy: bool, remove_padding: bool, kernel: str,
-                    routing: RouterSpec | None):
-    def scored_forward(input_ids, attention_mask, position_ids):
+                    routing: RouterSpec | None, multi_modal: dict | None):
+    def scored_forward(input_ids, attention_mask, position_ids, multi_modal):
         hidden, valid, router = _hidden_states(model, input_ids, attention_mask, position_ids, response_length,
-                                               remove_padding, routing)
+                                               remove_padding, routing, multi_modal)
         labels = input_ids[:, -response_length:]
         lm_head = model.get_output_embeddings()
         log_probs, entropy = logprobs_and_entropy_from_hidden(
@@ -195,12 +207,13 @@ def _scored_forward(model, input_ids, attention_mask, position_ids, response_len
         return scored if router is None else (*scored, *router)
 
     _check_response_length(response_length, input_ids)
-    return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids)
+    return call_as_forward(model, scored_forward, input_ids, attention_mask, position_ids, multi_modal)
 
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                      response_length: int, temperature: float = 1.0, chunk_size: int = 1024,
-                     compute_entropy: bool = True, remove_padding: bool = False, kernel: str = "auto"):
+                     compute_entropy: bool = True, remove_padding: bool = False, kernel: str = "auto",
+                     multi_modal_inputs: dict | None = None):
     """Log-probs (B, R) of the last ``response_length`` tokens of ``input_ids`` (B, T), and entropy (B, R).
 
     Runs the backbone (``model.model``) for hidden states, then scores only the response positions
@@ -210,35 +223,41 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     ``remove_padding``: run the backbone on the valid tokens only, packed (the model must use
     :data:`verl.models.packed.ATTN_IMPLEMENTATION`), and score valid response tokens only; padded
     response positions then hold 0. ``kernel``: see :func:`resolve_kernel`.
+
+    A vision-language model takes its rows' image inputs as ``multi_modal_inputs`` (``pixel_values``,
+    ``image_grid_thw``, joined in row order by :func:`verl.models.vision.multi_modal_batch`) and M-RoPE
+    ``position_ids`` (B, 3, T); the vision encoder runs once per call.
     """
     return _scored_forward(model, input_ids, attention_mask, position_ids, response_length, temperature, chunk_size,
-                           compute_entropy, remove_padding, kernel, routing=None)
+                           compute_entropy, remove_padding, kernel, routing=None, multi_modal=multi_modal_inputs)
 
 
 def forward_logprobs_and_routing(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                  position_ids: torch.Tensor, response_length: int, routing: RouterSpec,
                                  temperature: float = 1.0, chunk_size: int = 1024, compute_entropy: bool = True,
-                                 remove_padding: bool = False, kernel: str = "auto"):
+                                 remove_padding: bool = False, kernel: str = "auto",
+                                 multi_modal_inputs: dict | None = None):
     """:func:`forward_logprobs` of a mixture-of-experts model (``routing``: :func:`verl.models.moe.router_spec`),
     plus its routers' auxiliary loss (0-d; differentiable when ``routing.add_aux_loss``) and expert loads
     (L, E) over every valid token of the batch, prompts included: ``(log_probs, entropy, aux_loss, loads)``."""
     return _scored_forward(model, input_ids, attention_mask, position_ids, response_length, temperature, chunk_size,
-                           compute_entropy, remove_padding, kernel, routing=routing)
+                           compute_entropy, remove_padding, kernel, routing=routing, multi_modal=multi_modal_inputs)
 
 
 def forward_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   response_length: int, remove_padding: bool = False) -> torch.Tensor:
+                   response_length: int, remove_padding: bool = False,
+                   multi_modal_inputs: dict | None = None) -> torch.Tensor:
     """Values (B, R) float32 of a value model for the last ``response_length`` tokens.
 
     The value of response token t is read at position t-1 (the state before emitting it), the same
     positions ``forward_logprobs`` uses; the head runs on those positions only. ``remove_padding`` as
-    in :func:`forward_logprobs` (padded response positions hold 0).
+    in :func:`forward_logprobs` (padded response positions hold 0), and so is ``multi_modal_inputs``.
     """
-    def value_forward(input_ids, attention_mask, position_ids):
+    def value_forward(input_ids, attention_mask, position_ids, multi_modal):
         hidden, valid, _ = _hidden_states(model, input_ids, attention_mask, position_ids, response_length,
-                                          remove_padding)
+                                          remove_padding, multi_modal=multi_modal)
         head = model.score if hasattr(model, "score") else model.classifier
         return _unpack(head(hidden).squeeze(-1).float(), valid)
 
     _check_response_length(response_length, input_ids)
-    return call_as_forward(model, value_forward, input_ids, attention_mask, position_ids)
+    return call_as_forward(model, value_forward, input_ids, attention_mask, position_ids, multi_modal_inputs)

@@ -39,7 +39,8 @@ __all__ = ["ATTN_IMPLEMENTATION", "Packed", "pack", "packed_attention", "registe
 class Packed:
     """The valid tokens of a padded (B, T) batch, laid end to end.
 
-    ``input_ids``/``position_ids``: (1, N); ``cu_seqlens``: (B + 1,) int32 offsets of each row's tokens;
+    ``input_ids``: (1, N); ``position_ids``: (1, N), or (3, 1, N) for M-RoPE models (vision-language, whose
+    batches hold (B, 3, T) positions, see :mod:`verl.models.vision`); ``cu_seqlens``: (B + 1,) int32 offsets of each row's tokens;
     ``max_seqlen``: the longest row; ``index``: (B, T) int64, the packed position of each valid token
     (-1 at padding); ``valid``: (B, T) bool.
     """
@@ -83,8 +84,11 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     index = torch.where(valid, flat.cumsum(0).view_as(valid) - 1, -1)
     cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     take = flat.nonzero().squeeze(-1)
-    return Packed(input_ids=input_ids.reshape(-1)[take].unsqueeze(0),
-                  position_ids=position_ids.reshape(-1)[take].unsqueeze(0),
+    if position_ids.dim() == 3:  # M-RoPE (B, 3, T): each token keeps its three positions -> (3, 1, N)
+        packed_positions = position_ids.transpose(0, 1).reshape(position_ids.shape[1], -1)[:, take].unsqueeze(1)
+    else:
+        packed_positions = position_ids.reshape(-1)[take].unsqueeze(0)
+    return Packed(input_ids=input_ids.reshape(-1)[take].unsqueeze(0), position_ids=packed_positions,
                   cu_seqlens=cu_seqlens, max_seqlen=int(lengths.max()) if len(lengths) else 0,
                   index=index, valid=valid)
 

@@ -26,6 +26,7 @@ def load_inputs(config) -> tuple:
 
     from verl.data import RLHFDataset
     from verl.models import load_tokenizer
+    from verl.models.vision import load_processor
     from verl.rewards.loading import check_rule_reward_rows, load_reward_manager
     from verl.trainer.config.config import DataConfig
     from verl.workers.config import ModelConfig
@@ -34,10 +35,14 @@ def load_inputs(config) -> tuple:
     with startup.DRIVER.phase("data"):
         tokenizer = load_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code,
                                    chat_template=model.custom_chat_template)
-        train_dataset = RLHFDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples)
+        processor = load_processor(model.path, trust_remote_code=model.trust_remote_code, tokenizer=tokenizer)
+        if processor is not None:
+            check_vision_language_run(config, processor)
+        train_dataset = RLHFDataset(data.train_files, tokenizer, data, processor=processor,
+                                    max_samples=data.train_max_samples)
         val_data = dataclasses.replace(data, shuffle=data.validation_shuffle)
-        val_dataset = (RLHFDataset(data.val_files, tokenizer, val_data, max_samples=data.val_max_samples)
-                       if data.val_files else None)
+        val_dataset = (RLHFDataset(data.val_files, tokenizer, val_data, processor=processor,
+                                   max_samples=data.val_max_samples) if data.val_files else None)
         check_rule_reward_rows(train_dataset, config, "data.train_files")
         if val_dataset is not None:
             check_rule_reward_rows(val_dataset, config, "data.val_files")
@@ -45,6 +50,19 @@ def load_inputs(config) -> tuple:
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
     return tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn
+
+
+def check_vision_language_run(config, processor) -> None:
+    """What a vision-language policy cannot run with, refused before any worker starts (DatasetError: main prints it
+    as "Cannot start"). Its generation engine is chosen with the run's (:mod:`verl.trainer.rollout_engine`)."""
+    from verl.data import DatasetError
+    from verl.trainer.config.spec import need_critic
+
+    if need_critic(config.critic.get("enable"), config.algorithm.adv_estimator):
+        raise DatasetError(f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path!r} is a vision-language "
+                           f"model ({processor.config.model_type}); a critic (value model) for it is not supported, "
+                           "and a text critic cannot read its image tokens. Use an estimator without a critic, e.g. "
+                           f"algorithm.adv_estimator=grpo (now {config.algorithm.adv_estimator!r}).")
 
 
 def run_ppo(config) -> dict:
@@ -83,10 +101,11 @@ def main(argv: list[str] | None = None, config_name: str = "ppo_trainer", transl
     from verl.data import DatasetError
     from verl.single_controller import WorkerError
     from verl.trainer.ppo.ray_trainer import DynamicSamplingError
+    from verl.trainer.rollout_engine import EngineChoiceError
 
     try:
         run_ppo(config)
-    except DatasetError as e:  # found while reading the data, before any worker started
+    except (DatasetError, EngineChoiceError) as e:  # found from the data and the model, before any worker started
         print(f"Cannot start: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -22,11 +22,22 @@ import torch.distributed as dist
 from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.models import forward_logprobs, forward_logprobs_and_routing
 from verl.models.moe import ExpertLoad, router_spec
+from verl.models.vision import multi_modal_batch
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import all_reduce_scalar, map_micro_batches, split_micro_batches
 from verl.workers.config.actor import ActorConfig, RefConfig
 
-__all__ = ["DataParallelPPOActor", "check_finite", "run_mini_batches"]
+__all__ = ["DataParallelPPOActor", "check_finite", "multi_modal_inputs", "run_mini_batches"]
+
+MULTI_MODAL_KEY = "multi_modal_inputs"
+
+
+def multi_modal_inputs(micro: DataProto) -> dict | None:
+    """A vision-language batch's image inputs of these rows (row order), on the batch's device; None for text."""
+    rows = micro.non_tensor_batch.get(MULTI_MODAL_KEY)
+    if rows is None:
+        return None
+    return multi_modal_batch(rows, micro.batch["input_ids"].device) or None
 
 
 def check_finite(data: DataProto, key: str, stage: str) -> None:
@@ -130,7 +141,8 @@ class DataParallelPPOActor:
         return map_micro_batches(data, micro_batch_size, max_token_len, lambda micro: forward_logprobs(
             module, micro.batch["input_ids"], micro.batch["attention_mask"], micro.batch["position_ids"],
             response_length, temperature=temperature, compute_entropy=calculate_entropy,
-            remove_padding=self.remove_padding, kernel=self.logprob_kernel))
+            remove_padding=self.remove_padding, kernel=self.logprob_kernel,
+            multi_modal_inputs=multi_modal_inputs(micro)))
 
     def update_policy(self, data: DataProto, *, temperature: float) -> tuple[dict[str, list[float]], DataProto | None]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
@@ -167,7 +179,7 @@ class DataParallelPPOActor:
                              f"and the mini-batch holds {self.mini_batch_size} rows: call compute_log_prob first")
         check_finite(data, "advantages", "update_actor")
         data = data.select(batch_keys=required + [k for k in ("rollout_is_weights",) if k in present],
-                           non_tensor_batch_keys=[])
+                           non_tensor_batch_keys=[k for k in (MULTI_MODAL_KEY,) if k in data.non_tensor_batch])
         recorded = None
         if fuse_old:
             data.batch["row_index"] = torch.arange(len(data), device=data.batch["input_ids"].device)
@@ -205,7 +217,8 @@ class DataParallelPPOActor:
             mask = batch["response_mask"]
             inputs = (module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], mask.shape[-1])
             options = {"temperature": temperature, "compute_entropy": need_entropy,
-                       "remove_padding": self.remove_padding, "kernel": self.logprob_kernel}
+                       "remove_padding": self.remove_padding, "kernel": self.logprob_kernel,
+                       "multi_modal_inputs": multi_modal_inputs(micro)}
             if routing is None:
                 log_prob, entropy = forward_logprobs(*inputs, **options)
             else:

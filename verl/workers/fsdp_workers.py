@@ -29,6 +29,7 @@ from verl.checkpoint_engine import WeightSyncGroup, apply_weights, drain
 from verl.interactions.base import load_interactions
 from verl.models import load_causal_lm, load_tokenizer, load_value_model
 from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
+from verl.models.vision import vision_tower
 from verl.protocol import DataProto
 from verl.rewards.model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.single_controller import Dispatch, Worker, register
@@ -70,6 +71,16 @@ def _temperature(data: DataProto, default: float) -> float:
     value = data.meta_info.get("temperature")
     value = float(default if value is None else value)
     return value if value > 0 else 1.0
+
+
+def _freeze_vision_tower(model: torch.nn.Module, path: str) -> None:
+    """``actor.freeze_vision_tower``: the vision encoder gets no gradient and no optimizer state (the engine's
+    optimizer takes only parameters that require grad)."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError(f"actor_rollout_ref.actor.freeze_vision_tower=True, but actor_rollout_ref.model.path={path!r} "
+                         "has no vision tower (a text-only model); drop the key.")
+    tower.requires_grad_(False)
 
 
 class _RoleWorker(Worker):
@@ -148,6 +159,8 @@ class ActorRolloutRefWorker(_RoleWorker):
                 model = load_causal_lm(path, dtype=actor.fsdp_config.model_dtype, **load_kwargs)
                 if self.lora is not None:
                     apply_lora(model, self.lora)
+                if actor.freeze_vision_tower and self._is_actor:
+                    _freeze_vision_tower(model, path)
             with startup.WORKER.phase("actor fsdp"):
                 self.actor_engine = FSDPEngine(
                     model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,

@@ -57,6 +57,7 @@ class ActorConfig(BaseConfig):
     entropy_from_logits_with_chunking: bool
     entropy_checkpointing: bool
     use_torch_compile: bool
+    freeze_vision_tower: bool
     policy_loss: PolicyLossConfig
     checkpoint: CheckpointConfig
     optim: OptimConfig

@@ -184,10 +184,12 @@ class FSDPEngine:
                                   reshard_after_forward=self.reshard_after_forward, offload_policy=self.offload_policy)
         _check_tied(self.module)
 
-        # Frozen parameters (the base weights under a LoRA adapter) get no optimizer state and are not
-        # checkpointed: they are what model.path holds.
+        # Frozen parameters get no optimizer state. Under a LoRA adapter they (the base weights) are not checkpointed
+        # either: they are what model.path holds. Other frozen parts (a frozen vision tower) stay in the
+        # checkpoints, so that a merged export is a whole model.
         trainable = [p for p in self.module.parameters() if p.requires_grad]
-        frozen = {name for name, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        frozen = {name for name, p in self.module.named_parameters(remove_duplicate=False)
+                  if not p.requires_grad and lora_config is not None}
         self.checkpointed_names = None if not frozen else \
             [name for name in self.module.state_dict(keep_vars=True) if name not in frozen]
         self.lora_config = lora_config  # written beside the checkpoints; the merger needs it

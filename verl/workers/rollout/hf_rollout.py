@@ -5,6 +5,10 @@ top_p 0.8, repetition_penalty 1.05...) is set aside during the call, HF's warper
 and our logits processors apply temperature, top-k and top-p. The first of them records the
 log-prob of each sampled token under the raw logits (before any filtering), one step at a time, so
 log-probs never need the ``(steps, rows, vocab)`` tensor that ``output_logits`` would keep.
+
+A vision-language model (Qwen2.5-VL) generates from prompts with images: the rows' ``multi_modal_inputs``
+(``pixel_values``, ``image_grid_thw``, see :mod:`verl.models.vision`) go through the vision encoder once per
+prompt, and its outputs are handed to ``generate`` for each of the prompt's ``n`` samples.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import torch
 from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
                           TopKLogitsWarper, TopPLogitsWarper)
 
+from verl.models.logprob import call_as_forward
+from verl.models.vision import multi_modal_batch
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
@@ -102,10 +108,12 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
+            images = self._encode_images(prompts, device)
             with _without_model_generation_config(self.module), _seeded(prompts.meta_info.get("seed"), device):
                 for start in range(0, input_ids.shape[0], micro_batch_size):
                     end = start + micro_batch_size
-                    ids, lps = self._generate(input_ids[start:end], attention_mask[start:end], params)
+                    extra = {} if images is None else self._image_kwargs(images, input_ids[start:end], start, params.n)
+                    ids, lps = self._generate(input_ids[start:end], attention_mask[start:end], params, extra)
                     responses.append(ids)
                     log_probs.append(lps)
         finally:
@@ -113,8 +121,42 @@ class HFRollout(BaseRollout):
         return build_rollout_output(prompts, _cat_padded(responses, params.pad_token_id),
                                     _cat_padded(log_probs, 0.0), params)
 
-    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode_images(self, prompts: DataProto, device: torch.device) -> list[tuple] | None:
+        """Per prompt, its images' encoder outputs (one (tokens, hidden) tensor each) and ``image_grid_thw``;
+        None when no prompt has images."""
+        rows = prompts.non_tensor_batch.get("multi_modal_inputs")
+        inputs = multi_modal_batch(rows, device) if rows is not None else {}
+        if not inputs:
+            return None
+        backbone = getattr(self.module, self.module.base_model_prefix)
+
+        def encode(pixel_values, image_grid_thw):
+            return backbone.get_image_features(pixel_values, image_grid_thw, return_dict=True).pooler_output
+
+        # Through the root module's forward, so that FSDP's hooks run as for any forward of the model.
+        features = call_as_forward(self.module, encode, inputs["pixel_values"], inputs["image_grid_thw"])
+        per_prompt, at = [], 0
+        for row in rows:
+            count = len(row["image_grid_thw"]) if row else 0
+            per_prompt.append((tuple(features[at:at + count]), row["image_grid_thw"] if row else None))
+            at += count
+        return per_prompt
+
+    def _image_kwargs(self, images: list[tuple], input_ids: torch.Tensor, first_row: int, n: int) -> dict:
+        """``generate``'s image arguments for output rows ``first_row ..`` (row ``i`` samples prompt ``i // n``)."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        rows = [images[(first_row + i) // n] for i in range(input_ids.shape[0])]
+        features = [f for row_features, _ in rows for f in row_features]
+        if not features:
+            return {}
+        grids = torch.cat([grid for _, grid in rows if grid is not None]).to(input_ids.device)
+        return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))},
+                "image_grid_thw": grids,
+                "mm_token_type_ids": (input_ids == self.module.config.image_token_id).int()}
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
+                  extra: dict) -> tuple[torch.Tensor, torch.Tensor]:
         recorder = _SampledTokenLogProbs(params.temperature)
         processors = [recorder]
         sampling = {"do_sample": False}
@@ -132,7 +174,7 @@ class HFRollout(BaseRollout):
             eos_token_id=list(params.eos_token_ids) or None, pad_token_id=params.pad_token_id, **sampling)
         sequences = self.module.generate(input_ids=input_ids, attention_mask=attention_mask,
                                          generation_config=generation_config,
-                                         logits_processor=LogitsProcessorList(processors))
+                                         logits_processor=LogitsProcessorList(processors), **extra)
         return sequences[:, input_ids.shape[1]:], recorder.finish(sequences)
 
 

@@ -1,0 +1,108 @@
+"""Vision-language GRPO end to end: the geo3k preprocessing script on a generated fixture, then the original's
+Qwen2.5-VL geo3k command line, scaled down to a tiny random Qwen2.5-VL on CPU (local backend)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.models.vlm_models import save_tiny_qwen2_5_vl
+from verl.trainer.main_ppo import main
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "examples" / "data_preprocess"
+
+# A random model never writes \boxed{answer}: geo3k's rule would score every response 0 and every GRPO advantage
+# would be 0. This custom reward (loaded the way users load theirs) varies per response.
+VARIED_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return len(set(solution_str)) / 10.0
+"""
+
+
+@pytest.fixture(scope="module")
+def geo3k(tmp_path_factory, tiny_tokenizer_dir):
+    root = tmp_path_factory.mktemp("geo3k")
+    for command in (["fixtures/make_geo3k_fixture.py", "--out", root / "raw"],
+                    ["geo3k.py", "--local_dataset_path", root / "raw", "--local_dir", root / "data"]):
+        subprocess.run([sys.executable, str(SCRIPTS / command[0]), *map(str, command[1:])], cwd=REPO, check=True,
+                       capture_output=True)
+    return {"train": str(root / "data" / "train.parquet"), "test": str(root / "data" / "test.parquet"),
+            "model": save_tiny_qwen2_5_vl(str(root / "model"), tiny_tokenizer_dir), "root": root}
+
+
+def test_geo3k_rows_carry_images(geo3k):
+    frame = pd.read_parquet(geo3k["train"])
+    assert len(frame) == 4 and set(frame["data_source"]) == {"hiyouga/geometry3k"}
+    row = frame.iloc[0]
+    assert row["prompt"][0]["content"].startswith("<image>Find x.")
+    assert len(row["images"]) == 1 and row["images"][0]["bytes"][:4] == b"\x89PNG"
+    assert row["reward_model"]["ground_truth"] == "5"
+
+
+def command(geo3k, run_dir, *extra):
+    """run_qwen2_5_vl-7b.sh's keys with small numbers, CPU; the rollout engine left at its default (native), which
+    the run replaces with hf for a vision-language model."""
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={geo3k['train']}", f"data.val_files={geo3k['test']}",
+        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
+        "data.filter_overlong_prompts=True", "data.truncation=error", "data.image_key=images",
+        f"actor_rollout_ref.model.path={geo3k['model']}",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.freeze_vision_tower=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "algorithm.use_kl_in_reward=False",
+        f"custom_reward_function.path={geo3k['root'] / 'varied_reward.py'}",
+        "custom_reward_function.name=compute_score",
+        "trainer.logger=['console','file']", "trainer.val_before_train=False", "trainer.test_freq=2",
+        "trainer.save_freq=-1", "trainer.total_training_steps=2", "trainer.total_epochs=15",
+        "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.device=cpu", "trainer.backend=local",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        f"trainer.default_local_dir={run_dir}/checkpoints", "trainer.project_name=e2e", "trainer.experiment_name=geo3k",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_geo3k_grpo_with_a_tiny_qwen2_5_vl(geo3k, tmp_path, monkeypatch, capsys):
+    (geo3k["root"] / "varied_reward.py").write_text(VARIED_REWARD)
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_file))
+    assert main(command(geo3k, tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert out.count("[rollout] actor_rollout_ref.rollout.name=native cannot generate") == 1
+    assert "vision-language model" in out and "(actor_rollout_ref.rollout.name=hf) instead" in out
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        data = record["data"]
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
+            assert math.isfinite(data[key]), (key, data[key])
+    assert any(k.startswith("val-core/hiyouga/geometry3k/") for k in records[-1]["data"])
+
+
+def test_asynchronous_vision_language_run_is_refused(geo3k, tmp_path, capsys):
+    assert main(command(geo3k, tmp_path, "trainer.v1.trainer_mode=colocate_async")) == 1
+    err = capsys.readouterr().err
+    assert "vision-language model" in err and "trainer.v1.trainer_mode=colocate_async needs the native engine" in err
+
+
+def test_text_model_refuses_image_data(geo3k, tiny_qwen2_dir, tmp_path, capsys):
+    assert main(command(geo3k, tmp_path, f"actor_rollout_ref.model.path={tiny_qwen2_dir}",
+                        "actor_rollout_ref.actor.freeze_vision_tower=False")) == 1
+    err = capsys.readouterr().err
+    assert "train.parquet, row 0, column 'images' (data.image_key)" in err
+    assert "actor_rollout_ref.model.path is a text-only model" in err

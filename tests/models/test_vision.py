@@ -1,0 +1,97 @@
+"""Vision-language forwards (tiny random Qwen2.5-VL): M-RoPE positions, packed == padded with images, the tower."""
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.models.vlm_models import save_tiny_qwen2_5_vl
+from verl.models import forward_logprobs, load_causal_lm
+from verl.models.packed import pack
+from verl.models.vision import load_processor, multi_modal_batch, rope_index, vision_tower
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory, tiny_tokenizer_dir):
+    return save_tiny_qwen2_5_vl(str(tmp_path_factory.mktemp("tiny_qwen2_5_vl")), tiny_tokenizer_dir)
+
+
+def _prompt(processor, text: str, sizes):
+    content = [{"type": "image"} for _ in sizes] + [{"type": "text", "text": text}]
+    rendered = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                       add_generation_prompt=True, tokenize=False)
+    images = [Image.new("RGB", size, (40 * i, 200, 90)) for i, size in enumerate(sizes)]
+    return processor(rendered, images)
+
+
+def _batch(processor, response_length=5):
+    """Three left-padded rows (two images / one image / none) with responses, as the trainer lays them out."""
+    rows = [_prompt(processor, "Find x.", [(56, 56), (84, 56)]), _prompt(processor, "What is the angle?", [(56, 84)]),
+            _prompt(processor, "No picture here.", [])]
+    width = max(len(ids) for ids, _ in rows)
+    generator = torch.Generator().manual_seed(0)
+    input_ids, masks, positions = [], [], []
+    for ids, inputs in rows:
+        pad = width - len(ids)
+        prompt = torch.tensor([0] * pad + ids)
+        mask = torch.tensor([0] * pad + [1] * len(ids))
+        prompt_positions = rope_index(processor.config, prompt, mask, inputs.get("image_grid_thw"))
+        response = torch.randint(3, 300, (response_length,), generator=generator)
+        input_ids.append(torch.cat([prompt, response]))
+        masks.append(torch.cat([mask, torch.ones(response_length, dtype=torch.long)]))
+        positions.append(torch.cat([prompt_positions, prompt_positions[:, -1:] + torch.arange(1, response_length + 1)],
+                                   dim=-1))
+    masks[2][-2:] = 0  # a response that ended early
+    return (torch.stack(input_ids), torch.stack(masks), torch.stack(positions),
+            multi_modal_batch([inputs for _, inputs in rows]), response_length)
+
+
+def test_rope_index_matches_the_model_own_positions(vlm_dir):
+    """Our (3, T) positions are what the model computes for itself from the image grid."""
+    processor = load_processor(vlm_dir)
+    model = load_causal_lm(vlm_dir).eval()
+    ids, inputs = _prompt(processor, "Find x.", [(56, 56), (84, 56)])
+    input_ids = torch.tensor([ids])
+    mask = torch.ones_like(input_ids)
+    ours = rope_index(processor.config, input_ids[0], mask[0], inputs["image_grid_thw"])
+    assert ours.shape == (3, len(ids))
+    assert not torch.equal(ours[0], ours[1])  # image tokens take grid coordinates
+    with torch.no_grad():
+        token_type = (input_ids == processor.image_token_id).int()
+        theirs = model(input_ids=input_ids, attention_mask=mask, mm_token_type_ids=token_type, **inputs).logits
+        given = model(input_ids=input_ids, attention_mask=mask, position_ids=ours[:, None], **inputs).logits
+    torch.testing.assert_close(given, theirs, rtol=0, atol=0)
+
+
+def test_packed_logprobs_equal_padded_with_images(vlm_dir):
+    processor = load_processor(vlm_dir)
+    padded_model = load_causal_lm(vlm_dir).eval()
+    packed_model = load_causal_lm(vlm_dir, remove_padding=True).eval()
+    input_ids, mask, positions, multi_modal, response_length = _batch(processor)
+    assert multi_modal["image_grid_thw"].shape == (3, 3)
+    with torch.no_grad():
+        padded, padded_entropy = forward_logprobs(padded_model, input_ids, mask, positions, response_length,
+                                                  multi_modal_inputs=multi_modal)
+        packed, packed_entropy = forward_logprobs(packed_model, input_ids, mask, positions, response_length,
+                                                  remove_padding=True, multi_modal_inputs=multi_modal)
+        blind, _ = forward_logprobs(padded_model, input_ids, mask, positions, response_length)
+    valid = mask[:, -response_length:].bool()
+    torch.testing.assert_close(packed[valid], padded[valid], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed_entropy[valid], padded_entropy[valid], rtol=0, atol=1e-5)
+    assert (packed[~valid] == 0).all()
+    assert not torch.allclose(blind[:2], padded[:2])  # the images do change the log-probs
+
+
+def test_pack_keeps_three_positions_per_token():
+    input_ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    positions = torch.stack([torch.tensor([[0, 0, 1], [0, 0, 2], [0, 0, 3]]),
+                             torch.tensor([[0, 1, 2], [0, 1, 1], [0, 1, 0]])])
+    batch = pack(input_ids, mask, positions)
+    assert batch.position_ids.tolist() == [[[0, 1, 0, 1, 2]], [[0, 2, 0, 1, 1]], [[0, 3, 0, 1, 0]]]
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9]]
+
+
+def test_vision_tower_found(vlm_dir, tiny_qwen2_dir):
+    assert vision_tower(load_causal_lm(vlm_dir)) is not None
+    assert vision_tower(load_causal_lm(tiny_qwen2_dir)) is None
+    assert load_processor(tiny_qwen2_dir) is None

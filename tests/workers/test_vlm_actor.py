@@ -1,0 +1,93 @@
+"""A vision-language policy (tiny random Qwen2.5-VL) on one rank: the hf rollout generates with images (the
+vision encoder once per prompt), and the FSDP2 actor's packed update reads the images with M-RoPE positions,
+with the vision tower frozen by actor.freeze_vision_tower."""
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.models.test_vision import _batch, vlm_dir  # noqa: F401 - the module-scoped model fixture
+from verl.models import forward_logprobs, load_causal_lm
+from verl.models.vision import load_processor, vision_tower
+from verl.protocol import DataProto, object_array
+from verl.workers.actor import DataParallelPPOActor
+from verl.workers.engine import FSDPEngine
+from verl.workers.fsdp_workers import _freeze_vision_tower
+from verl.workers.rollout.hf_rollout import HFRollout
+
+FSDP_FP32 = {"dtype": "float32", "reshard_after_forward": True}
+OPTIM = {"lr": 1e-2, "weight_decay": 0.0, "total_training_steps": 2}
+
+
+def _rows(processor):
+    """The three rows of tests/models/test_vision.py, as a trainer batch with per-row multi_modal_inputs."""
+    from tests.models.test_vision import _prompt
+
+    rows = [_prompt(processor, "Find x.", [(56, 56), (84, 56)])[1], _prompt(processor, "What is the angle?",
+                                                                             [(56, 84)])[1], {}]
+    input_ids, mask, positions, _, response = _batch(processor)
+    return input_ids, mask, positions, object_array(rows), response
+
+
+def test_hf_rollout_encodes_each_prompt_images_once(vlm_dir):  # noqa: F811
+    processor = load_processor(vlm_dir)
+    model = load_causal_lm(vlm_dir).eval()
+    input_ids, mask, positions, mm, response = _rows(processor)
+    prompts = DataProto.from_dict({"input_ids": input_ids[:, :-response], "attention_mask": mask[:, :-response],
+                                   "position_ids": positions[:, :, :-response]},
+                                  non_tensors={"multi_modal_inputs": mm}, meta_info={"eos_token_id": [], "seed": 1})
+    calls = []
+    vision_tower(model).register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    config = OmegaConf.create({"name": "hf", "temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": True, "n": 3,
+                               "prompt_length": input_ids.shape[1] - response, "response_length": 4,
+                               "ignore_eos": True, "micro_batch_size": 4,
+                               "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}})
+    out = HFRollout(config, model, processor.tokenizer).generate_sequences(prompts)
+    assert calls == [int(sum(len(r["pixel_values"]) for r in mm if r))]  # one encoder pass for the batch
+    assert out.batch["position_ids"].shape == (9, 3, input_ids.shape[1] - response + 4)
+    assert len(out.non_tensor_batch["multi_modal_inputs"]) == 9
+    # The rollout's log-probs are the model's own with the images (recomputed in one padded forward).
+    with torch.no_grad():
+        rows = out.non_tensor_batch["multi_modal_inputs"]
+        from verl.models.vision import multi_modal_batch
+
+        recomputed, _ = forward_logprobs(model, out.batch["input_ids"], out.batch["attention_mask"],
+                                         out.batch["position_ids"], 4, multi_modal_inputs=multi_modal_batch(rows))
+    torch.testing.assert_close(out.batch["rollout_log_probs"], recomputed, rtol=0, atol=1e-4)
+
+
+def test_packed_update_with_images_and_a_frozen_vision_tower(single_rank, vlm_dir):  # noqa: F811
+    processor = load_processor(vlm_dir)
+    model = load_causal_lm(vlm_dir, remove_padding=True)
+    _freeze_vision_tower(model, vlm_dir)
+    frozen = {name: p.detach().clone() for name, p in vision_tower(model).named_parameters()}
+    engine = FSDPEngine(model, fsdp_config=FSDP_FP32, optim_config=OPTIM, enable_gradient_checkpointing=True)
+    trained = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+    tower = vision_tower(engine.module)
+    assert not any(id(p) in trained for p in tower.parameters()) and trained
+    assert engine.checkpointed_names is None  # the frozen tower stays in the checkpoints
+
+    input_ids, mask, positions, mm, response = _rows(processor)
+    response_mask = mask[:, -response:]
+    data = DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "position_ids": positions,
+                                "responses": input_ids[:, -response:], "response_mask": response_mask,
+                                "advantages": torch.tensor([[1.0], [-1.0], [0.5]]) * response_mask},
+                               non_tensors={"multi_modal_inputs": mm, "uid": np.array(["a", "b", "c"], dtype=object)})
+    actor = DataParallelPPOActor({"ppo_epochs": 1, "loss_agg_mode": "token-mean"}, engine, mini_batch_size=3,
+                                 micro_batch_size=2, remove_padding=True)
+    with torch.no_grad():
+        before = actor.compute_log_prob(data, temperature=1.0, micro_batch_size=2)[0]
+    metrics, recorded = actor.update_policy(data, temperature=1.0)
+    torch.testing.assert_close(recorded.batch["old_log_probs"], before, rtol=0, atol=1e-5)
+    assert metrics["actor/grad_norm"][0] > 0
+    with engine.gathered_params() as module:
+        for name, p in vision_tower(module).named_parameters():
+            torch.testing.assert_close(p.detach(), frozen[name], rtol=0, atol=0)
+    after = actor.compute_log_prob(data, temperature=1.0, micro_batch_size=2)[0]
+    assert not torch.allclose(after, before)
+
+
+def test_freezing_a_text_model_names_the_key(tiny_qwen2_dir):
+    with pytest.raises(ValueError, match="freeze_vision_tower=True.*no vision tower"):
+        _freeze_vision_tower(load_causal_lm(tiny_qwen2_dir), tiny_qwen2_dir)

@@ -1,0 +1,134 @@
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL): their image inputs, M-RoPE positions and vision tower.
+
+A prompt with images becomes, as in the original verl:
+
+- ``input_ids`` in which each image's single ``<|image_pad|>`` of the chat template is expanded to one token
+  per merged patch (``prod(image_grid_thw) / merge_size²``), where the vision encoder's outputs go;
+- ``multi_modal_inputs``: ``{"pixel_values": (patches, C·t·p·p), "image_grid_thw": (images, 3)}`` per row;
+- ``position_ids`` (3, T): M-RoPE's temporal/height/width positions, computed by the model class's own
+  ``get_rope_index`` (text tokens count up on all three rows; an image's tokens take their grid coordinates).
+
+The processor here is the model's tokenizer (chat template) plus its image processor, loaded on their own:
+transformers builds the combined ``Qwen2_5_VLProcessor`` only with torchvision installed (for its video
+processor), which this project does not require. An HF processor object is accepted too.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["VisionProcessor", "is_vision_language", "load_processor", "multi_modal_batch", "rope_index",
+           "vision_tower"]
+
+IMAGE_PLACEHOLDER = "<image>"
+
+
+def is_vision_language(config) -> bool:
+    """Whether a transformers config is a vision-language model's (it has a vision tower)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+@dataclass
+class VisionProcessor:
+    """What turns a chat with images into model inputs: ``tokenizer`` (with the model's chat template),
+    ``image_processor`` (a Qwen2-VL image processor: ``pixel_values`` and ``image_grid_thw``) and the model
+    ``config`` (image token id, M-RoPE settings)."""
+
+    tokenizer: Any
+    image_processor: Any
+    config: Any
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.config.image_token_id)
+
+    def __call__(self, text: str, images: Sequence) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """Token ids of ``text`` (a chat-templated prompt holding one image token per image) with each image token
+        expanded to the image's length, and the image inputs (empty without images)."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        placeholders = sum(1 for t in ids if t == self.image_token_id)
+        if placeholders != len(images):
+            raise ValueError(f"the chat-templated prompt holds {placeholders} image token(s) but the row has "
+                             f"{len(images)} image(s)")
+        if not images:
+            return ids, {}
+        inputs = self.image_processor(images=list(images), return_tensors="pt")
+        grid = inputs["image_grid_thw"]
+        lengths = iter((grid.prod(-1) // self.image_processor.merge_size**2).tolist())
+        expanded = []
+        for token in ids:
+            expanded.extend([token] * next(lengths) if token == self.image_token_id else [token])
+        return expanded, {"pixel_values": inputs["pixel_values"], "image_grid_thw": grid}
+
+
+def load_processor(path: str, *, config_key: str = "actor_rollout_ref.model.path", trust_remote_code: bool = False,
+                   tokenizer=None) -> VisionProcessor | None:
+    """The :class:`VisionProcessor` of the model at ``path``, or None for a text-only model. ``tokenizer``: the one
+    already loaded (else the folder's)."""
+    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if not is_vision_language(config):
+        return None
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "preprocessor_config.json")):
+        raise FileNotFoundError(f"{config_key}={path!r} is a vision-language model ({config.model_type}) but the "
+                                "folder has no preprocessor_config.json (its image processor); copy it from the "
+                                "model's original folder.")
+    image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if not hasattr(image_processor, "merge_size"):
+        raise ValueError(f"{config_key}={path!r}: image processor {type(image_processor).__name__} is not a "
+                         "Qwen2-VL-style one (patches merged merge_size x merge_size); only Qwen2-VL and Qwen2.5-VL "
+                         "are supported as vision-language models.")
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return VisionProcessor(tokenizer=tokenizer, image_processor=image_processor, config=config)
+
+
+def as_vision_processor(processor, tokenizer) -> VisionProcessor:
+    """``processor`` as a :class:`VisionProcessor`: one already, or a transformers processor (with
+    ``image_processor`` and a ``config`` attribute, as ``verl.utils.hf_processor`` returns it)."""
+    if isinstance(processor, VisionProcessor):
+        return processor
+    image_processor, config = getattr(processor, "image_processor", None), getattr(processor, "config", None)
+    if image_processor is None or config is None or not hasattr(image_processor, "merge_size"):
+        raise ValueError(f"processor {type(processor).__name__} is not a Qwen2-VL-style processor with a model config "
+                         "(load it with verl.utils.hf_processor or verl.models.vision.load_processor)")
+    return VisionProcessor(tokenizer=tokenizer, image_processor=image_processor, config=config)
+
+
+@torch.no_grad()
+def rope_index(config, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """M-RoPE position ids (3, T) of one left-padded row, by the model class's own ``get_rope_index`` (run on the
+    config alone, no weights); padding positions hold 0."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    import transformers
+
+    model_class = getattr(transformers, MODEL_MAPPING_NAMES[config.model_type])
+    host = types.SimpleNamespace(config=config)
+    host.get_vision_position_ids = types.MethodType(model_class.get_vision_position_ids, host)
+    token_type = (input_ids == config.image_token_id).int()
+    positions, _ = model_class.get_rope_index(host, input_ids[None], mm_token_type_ids=token_type[None],
+                                              image_grid_thw=image_grid_thw, attention_mask=attention_mask[None])
+    return positions[:, 0]
+
+
+def multi_modal_batch(rows: Sequence[dict], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The ``multi_modal_inputs`` of a micro-batch's rows (``{}`` for a row without images) joined in row order,
+    the order their image tokens come in the batch; ``{}`` when no row has images."""
+    present = [r for r in rows if r]
+    if not present:
+        return {}
+    return {key: torch.cat([r[key] for r in present]).to(device) for key in ("pixel_values", "image_grid_thw")}
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The vision encoder of a vision-language model (``model.model.visual`` for Qwen2-VL / Qwen2.5-VL), else None."""
+    backbone = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    return getattr(backbone, "visual", None)
