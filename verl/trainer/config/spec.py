@@ -142,7 +142,7 @@ def prompts_per_round(data: DataConfig, algorithm: AlgoConfig) -> tuple[str, int
 
 
 def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpointing: bool = True,
-                device_bytes: int | None = None, log=print) -> RunSpec:
+                choose_engine: bool = True, device_bytes: int | None = None, log=print) -> RunSpec:
     """The `RunSpec` of a validated config (an OmegaConf node or a dict of the whole trainer config).
 
     ``train_size`` (prompts in the training set) gives the run's length when ``trainer.total_training_steps``
@@ -150,7 +150,8 @@ def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpoint
     get it (a set smaller than one batch is a ValueError naming the key). With
     ``choose_checkpointing``, a model whose ``enable_gradient_checkpointing`` is unset gets the memory
     estimate's choice (:func:`verl.trainer.plan.resolve_gradient_checkpointing`; ``device_bytes``: the GPU's
-    size, default the one this process sees), reported through ``log``.
+    size, default the one this process sees), reported through ``log``. With ``choose_engine``, a model the native
+    rollout engine cannot run generates with ``hf`` (:func:`verl.trainer.rollout_engine.choose_rollout_engine`).
     """
     section = {name: cls.from_config(config.get(name)) for name, cls in SECTIONS.items()}
     policy, critic, trainer = section["actor_rollout_ref"], section["critic"], section["trainer"]
@@ -182,6 +183,10 @@ def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpoint
         **{**section, "actor_rollout_ref": policy, "critic": critic}, ray_kwargs=dict(ray_kwargs),
         use_critic=use_critic, use_reference_policy=use_reference_policy, use_rm=use_rm, pools=pools,
         role_pool=role_pool, total_training_steps=int(total) if total else None)
+    if choose_engine:
+        from verl.trainer.rollout_engine import choose_rollout_engine
+
+        spec = choose_rollout_engine(spec, log=log)
     if choose_checkpointing and spec.unset_checkpointing():
         from verl.trainer.plan import resolve_gradient_checkpointing
 
