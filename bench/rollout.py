@@ -1,17 +1,31 @@
 """Rollout speed: the native engine against transformers ``generate``, same model, same run.
 
-Qwen2.5-0.5B architecture (24 layers, hidden 896, 14/2 heads, intermediate 4864, vocab 151,936,
-tied embeddings), random bf16 weights built on the GPU, prompts of 384 random tokens, 256 response
-tokens at fixed length (no eos), pure sampling (temperature 1, top_k 0, top_p 1) for both engines,
-plus ours with top_k 50 / top_p 0.9 and ours without CUDA graphs.
+Shapes (``--shape``), random bf16 weights built on the GPU:
 
-    python3 bench/rollout.py --json results.json        # on the GPU machine
-    python3 bench/rollout.py --quick                    # a tiny CPU dry run of the script
+- ``qwen2.5-0.5b`` (default): the Qwen2.5-0.5B architecture (24 layers, hidden 896, 14/2 heads, intermediate
+  4864, vocab 151,936, tied embeddings).
+- ``qwen3-moe``: the Qwen3-30B-A3B layer shape cut to 24 of its 48 layers so that both engines fit one 80 GB GPU
+  (hidden 2048, 32/4 heads of 128, 128 experts, top-8 renormalised, moe_intermediate 768, vocab 151,936, untied
+  embeddings): 15.6B parameters (31 GB), 2.0B of them used per token. transformers runs its default experts
+  implementation (``grouped_mm`` in 5.x; printed).
+- ``gemma2-2b``: the Gemma-2-2B architecture (26 layers, hidden 2304, 8/4 heads of 256, GeGLU intermediate 9216,
+  vocab 256,000, tied embeddings, attention soft-cap 50 and final soft-cap 30, sliding window 4096 on alternate
+  layers); transformers runs it with eager attention (SDPA cannot soft-cap), ours with its explicit soft-capped
+  attention.
+
+Prompts of 384 random tokens, 256 response tokens at fixed length (no eos), pure sampling (temperature 1, top_k 0,
+top_p 1) for both engines, plus ours with top_k 50 / top_p 0.9 and ours without CUDA graphs.
+
+    python3 bench/rollout.py --json results.json                     # on the GPU machine
+    python3 bench/rollout.py --shape qwen3-moe --json moe.json
+    python3 bench/rollout.py --shape gemma2-2b --json gemma.json
+    python3 bench/rollout.py --quick [--shape ...]                   # a tiny CPU dry run of the script
 
 Prints per case: tokens/s of each engine (response tokens / wall time of the whole call: prefill,
 decode, graph capture, output assembly), their ratio, peak memory, and the fraction of the decode
-roofline: bytes one decode step must move (every weight once + the keys/values in context) over
-4.8 TB/s, summed over the steps.
+roofline: bytes one decode step must move (every weight once — of a mixture of experts, the experts
+that the step's ``rows * top_k`` uniform draws are expected to hit — + the keys/values in context)
+over 4.8 TB/s, summed over the steps.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, Gemma2Config, GenerationConfig, Qwen2Config, Qwen3MoeConfig
 
 from verl.protocol import DataProto
 from verl.workers.rollout import NativeRollout
@@ -39,13 +53,31 @@ QWEN25_05B = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 486
 QUICK = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True,
          "max_position_embeddings": 4096}
+QWEN3_MOE = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+             "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+             "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True, "rms_norm_eps": 1e-06,
+             "rope_theta": 1000000.0, "tie_word_embeddings": False, "max_position_embeddings": 40960}
+QWEN3_MOE_QUICK = {**QUICK, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "norm_topk_prob": True}
+GEMMA2_2B = {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+             "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+             "sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+             "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-06, "tie_word_embeddings": True,
+             "max_position_embeddings": 8192}
+GEMMA2_QUICK = {**QUICK, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+# name: (config class, GPU shape, --quick shape, transformers' attention)
+SHAPES = {"qwen2.5-0.5b": (Qwen2Config, QWEN25_05B, QUICK, "sdpa"),
+          "qwen3-moe": (Qwen3MoeConfig, QWEN3_MOE, QWEN3_MOE_QUICK, "sdpa"),
+          "gemma2-2b": (Gemma2Config, GEMMA2_2B, GEMMA2_QUICK, "eager")}
 
 
-def build_model(shape: dict, device: str, dtype: torch.dtype):
-    config = Qwen2Config(bos_token_id=None, eos_token_id=None, pad_token_id=None, **shape)
+def build_model(name: str, quick: bool, device: str, dtype: torch.dtype):
+    config_class, shape, quick_shape, attention = SHAPES[name]
+    config = config_class(bos_token_id=None, eos_token_id=None, pad_token_id=None, **(quick_shape if quick else shape))
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
     model.generation_config = GenerationConfig()
     return model.eval()
 
@@ -83,12 +115,25 @@ def measure(fn, device: str) -> tuple[float, float, float]:
     return seconds, peak, peak - base
 
 
+def step_weight_bytes(model, rows: int) -> float:
+    """Weight bytes one decode step of ``rows`` tokens reads: every dense weight, and of each expert group the
+    fraction ``1 - (1 - k/E)^rows`` of experts that ``rows`` uniform top-k draws are expected to hit."""
+    c = model.config
+    experts = getattr(c, "num_experts", 0) or 0
+    hit = 1 - (1 - c.num_experts_per_tok / experts) ** rows if experts else 1.0
+    total = 0.0
+    for name, p in {id(p): (n, p) for n, p in model.named_parameters()}.values():
+        total += p.numel() * p.element_size() * (hit if ".experts." in name else 1.0)
+    return total
+
+
 def roofline_seconds(model, rows: int, prompt_len: int, response_len: int) -> float:
     """Decode steps 1..R-1 (the first token comes from the prefill): weights once per step plus the
     keys/values of every row's context."""
-    weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    weights = step_weight_bytes(model, rows)
     c = model.config
-    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2
     total = sum(weights + rows * (prompt_len + t) * kv_per_token for t in range(1, response_len))
     return total / HBM_BYTES_PER_S
 
@@ -138,18 +183,24 @@ def main(argv=None) -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--profile", action="store_true", help="print the top kernels of 16 eager steps at batch 256")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b", help="the model architecture")
     args = parser.parse_args(argv)
 
     device = "cpu" if args.quick else "cuda"
-    shape = QUICK if args.quick else QWEN25_05B
     prompt_len, response_len = (16, 8) if args.quick else (384, 256)
     cases = [(4, 1), (8, 1), (4, 2)] if args.quick else [(64, 1), (256, 1), (32, 8)]
     dtype = torch.float32 if args.quick else torch.bfloat16
-    model = build_model(shape, device, dtype)
-    vocab = shape["vocab_size"]
+    model = build_model(args.shape, args.quick, device, dtype)
+    vocab = model.config.vocab_size
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "prompt_len": prompt_len, "response_len": response_len, "cases": []}
-    print(f"# {info['device']}, torch {torch.__version__}, prompt {prompt_len}, response {response_len}", flush=True)
+            "date": time.strftime("%Y-%m-%d"), "shape": args.shape, "params": params,
+            "hf_attention": model.config._attn_implementation,
+            "hf_experts": model.config._experts_implementation if getattr(model.config, "num_experts", 0) else None,
+            "prompt_len": prompt_len, "response_len": response_len, "cases": []}
+    print(f"# {info['device']}, torch {torch.__version__}, {args.shape} ({params / 1e9:.2f}B parameters; transformers "
+          f"attention {info['hf_attention']}, experts {info['hf_experts']}), prompt {prompt_len}, response "
+          f"{response_len}", flush=True)
 
     # Warm-up: CUDA context, cuBLAS handles, kernels of both engines.
     warm = make_prompts(8, prompt_len, vocab, device, seed=0)

@@ -124,6 +124,12 @@ def test_greedy_ids_and_log_probs_match_transformers(models, tiny_tokenizer, fam
 def test_extend_with_sliding_windows_matches_a_full_forward(models, tiny_tokenizer, family):
     """Continuations attend to the cached prompt through the window, as one forward over the whole sequence."""
     model = models[family]
+    assert_extend_matches_a_full_forward(model, tiny_tokenizer)
+
+
+def assert_extend_matches_a_full_forward(model, tiny_tokenizer):
+    """Right-padded continuations of different lengths, extended into the cached prompts, give the logits of one
+    forward over each whole sequence."""
     prompts = make_prompts(tiny_tokenizer)
     ids, valid = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
     rows, width = ids.shape
@@ -221,13 +227,20 @@ def test_cuda_graphs_match_transformers(tiny_tokenizer, family):
     eager = NativeRollout(make_config(gpu_memory_utilization=0.3, enforce_eager=True), model, tiny_tokenizer) \
         .generate_sequences(prompts).batch
     assert torch.equal(graphed["responses"], eager["responses"])
-    P = graphed["prompts"].shape[1]
-    logits = model(input_ids=graphed["input_ids"], attention_mask=graphed["attention_mask"],
-                   position_ids=graphed["position_ids"]).logits[:, P - 1:-1].float()
+    print(f"{family} bf16: greedy==generate {torch.equal(graphed['responses'], greedy(model))}")
+    assert_bf16_close_to_transformers(model, graphed, family)
+
+
+def assert_bf16_close_to_transformers(model, batch, family):
+    """bf16 rollout tokens are (near) transformers' argmax and its log-probs agree with transformers' forward
+    within bf16 noise."""
+    P = batch["prompts"].shape[1]
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"]).logits[:, P - 1:-1].float()
     reference = torch.log_softmax(logits, dim=-1)
-    chosen = reference.gather(-1, graphed["responses"][..., None]).squeeze(-1)
+    chosen = reference.gather(-1, batch["responses"][..., None]).squeeze(-1)
     gap = reference.max(dim=-1).values - chosen
-    diff = (graphed["rollout_log_probs"] - chosen).abs()
-    print(f"{family} bf16: greedy==generate {torch.equal(graphed['responses'], greedy(model))}, gap to "
-          f"transformers' argmax max {gap.max():.4f}, log-prob |diff| mean {diff.mean():.4f} max {diff.max():.4f}")
+    diff = (batch["rollout_log_probs"] - chosen).abs()
+    print(f"{family} bf16: gap to transformers' argmax max {gap.max():.4f}, log-prob |diff| mean {diff.mean():.4f} "
+          f"max {diff.max():.4f}")
     assert gap.max() < 0.15 and diff.mean() < 0.05

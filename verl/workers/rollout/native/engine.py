@@ -29,8 +29,9 @@ running resume in a later call, with the weights of that moment (partial rollout
 :class:`~verl.workers.rollout.native.scheduler.Run`.
 
 Decode is captured as one CUDA graph per batch-size bucket (``enforce_eager=True`` runs it eagerly,
-as on CPU). Graphs hold the addresses of the weights and of the cache, so they are recaptured when
-either moved.
+as on CPU; so does a mixture of experts whose grouped matmul reads its group sizes on the host, see
+:func:`~verl.workers.rollout.native.model.decode_capturable`). Graphs hold the addresses of the weights and of
+the cache, so they are recaptured when either moved.
 """
 
 from __future__ import annotations

@@ -14,6 +14,14 @@ MLP), so greedy outputs match ``generate``. Sliding-window layers see the same c
 more than ``window - 1`` columns back are hidden): the slots keep every column, which costs memory but no
 correctness. Gemma 2's soft-capped attention scores cannot go through SDPA; they take an explicit
 ``softmax(cap * tanh(q k^T / cap))`` path (on GPU too).
+
+Mixture-of-experts layers (:func:`_moe`) route each token to its top-k experts, sort the ``tokens * k``
+(token, expert) assignments by expert and run each expert's two GEMMs over its contiguous rows in one grouped matmul
+(``torch.nn.functional.grouped_mm``, or a loop over the experts that received rows where it is missing or the
+dimensions break its 16-byte alignment). Every shape is fixed by the token count and the group boundaries stay on
+the device, so the decode step remains one CUDA graph where the grouped matmul needs no host sync:
+:func:`decode_capturable` says where that holds (bf16 on Hopper/Blackwell, torch's fused kernel); elsewhere torch's
+grouped matmul reads the boundaries on the host and decode runs eagerly.
 """
 
 from __future__ import annotations
@@ -25,7 +33,11 @@ from verl.workers.rollout.native import triton_ops
 from verl.workers.rollout.native.weights import (SUPPORTED_MODEL_TYPES, DecoderWeights, LayerWeights,
                                                  UnsupportedModelError)
 
-__all__ = ["DecoderWeights", "SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "decode", "extend", "prefill"]
+__all__ = ["DecoderWeights", "SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "decode", "decode_capturable", "extend",
+           "prefill"]
+
+# torch >= 2.10 names it grouped_mm; 2.8/2.9 only have the private op.
+GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
 def _norm(w: DecoderWeights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -102,19 +114,89 @@ def _attn_residual(w: DecoderWeights, x: torch.Tensor, out: torch.Tensor, lw: La
     return x + _norm(w, F.linear(out, lw.o, lw.o_bias), lw.attn_out_norm)
 
 
-def _mlp_residual(w: DecoderWeights, x: torch.Tensor, lw: LayerWeights, fused: bool = False) -> torch.Tensor:
-    h = _norm(w, x, lw.mlp_norm)
+def _gated(w: DecoderWeights, gate: torch.Tensor, up: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    if w.gelu:
+        return F.gelu(gate, approximate="tanh") * up
+    return triton_ops.silu_mul(gate, up) if fused else F.silu(gate) * up
+
+
+def _dense_act(w: DecoderWeights, lw: LayerWeights, h: torch.Tensor, fused: bool) -> torch.Tensor:
+    """The dense MLP's activations ``act(gate(h)) * up(h)``, before its down projection."""
     if lw.gate_up is not None:
         gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
     else:
         gate, up = F.linear(h, lw.gate, lw.gate_bias), F.linear(h, lw.up, lw.up_bias)
-    if w.gelu:
-        act = F.gelu(gate, approximate="tanh") * up
-    else:
-        act = triton_ops.silu_mul(gate, up) if fused else F.silu(gate) * up
+    return _gated(w, gate, up, fused)
+
+
+def _mlp_residual(w: DecoderWeights, x: torch.Tensor, lw: LayerWeights, fused: bool = False) -> torch.Tensor:
+    h = _norm(w, x, lw.mlp_norm)
+    if lw.router is not None:
+        return x + _moe(w, lw, h, fused)
+    act = _dense_act(w, lw, h, fused)
     if lw.mlp_out_norm is None:
         return _add_linear(x, act, lw.down, lw.down_bias)
     return x + _norm(w, F.linear(act, lw.down, lw.down_bias), lw.mlp_out_norm)
+
+
+def _grouped_mm_fits(weight: torch.Tensor) -> bool:
+    """Whether torch's grouped matmul takes ``weight (E, out, in)`` and its inputs: every row stride of its operands
+    must be a multiple of 16 bytes."""
+    return GROUPED_MM is not None and all(d * weight.element_size() % 16 == 0 for d in weight.shape[1:])
+
+
+def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``x (S, in)`` sorted by group, rows ``[ends[e - 1], ends[e])`` times ``weight[e].T`` (``weight (E, out, in)``);
+    returns ``(S, out)``."""
+    if _grouped_mm_fits(weight):
+        return GROUPED_MM(x, weight.transpose(1, 2), offs=ends)
+    out = x.new_empty(x.shape[0], weight.shape[1])
+    start = 0
+    for e, end in enumerate(ends.tolist()):  # a host sync: such steps cannot be captured
+        if end > start:
+            out[start:end] = F.linear(x[start:end], weight[e])
+        start = end
+    return out
+
+
+def _moe(w: DecoderWeights, lw: LayerWeights, h: torch.Tensor, fused: bool) -> torch.Tensor:
+    """The mixture-of-experts MLP of normed hidden states ``h (..., H)``, as transformers' Qwen MoE blocks compute
+    it: router softmax in float32, top-k (renormalised when ``norm_topk_prob``), rounded to the hidden dtype; each
+    expert's output times its weight, summed per token; plus the shared expert scaled by its sigmoid gate."""
+    shape = h.shape
+    h = h.reshape(-1, shape[-1])
+    probs = F.linear(h, lw.router).softmax(dim=-1, dtype=torch.float32)
+    top, experts = probs.topk(w.top_k, dim=-1)
+    if w.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    top = top.to(h.dtype)
+    # Assignments sorted by expert (stable: each expert's rows in token order); group ends found on the device.
+    flat = experts.flatten()
+    order = flat.argsort(stable=True)
+    num_experts = lw.router.shape[0]
+    ends = torch.searchsorted(flat[order], torch.arange(num_experts, device=h.device), right=True, out_int32=True)
+    gate, up = _grouped_linear(h[order // w.top_k], lw.experts_gate_up, ends).chunk(2, dim=-1)
+    out = _grouped_linear(_gated(w, gate, up), lw.experts_down, ends) * top.flatten()[order, None]
+    # Back to (token, k) order, then each token's k expert outputs summed.
+    out = torch.empty_like(out).index_copy_(0, order, out).view(-1, w.top_k, shape[-1]).sum(dim=1)
+    if lw.shared_expert_gate is not None:
+        shared = F.linear(_dense_act(w, lw, h, fused), lw.down, lw.down_bias)
+        out = out + torch.sigmoid(F.linear(h, lw.shared_expert_gate)) * shared
+    return out.view(shape)
+
+
+def decode_capturable(w: DecoderWeights) -> bool:
+    """Whether a decode step can be captured as a CUDA graph: always for dense models; for mixtures of experts only
+    where torch's grouped matmul runs its fused kernel (bf16 on compute capability 9.x/10.x, aligned dimensions),
+    which reads the group boundaries on the device. Its fallback, and ours, loop over the groups on the host."""
+    layers = [lw for lw in w.layers if lw.router is not None]
+    if not layers:
+        return True
+    if w.dtype != torch.bfloat16 or w.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(w.device)[0] not in (9, 10):
+        return False
+    return all(_grouped_mm_fits(lw.experts_gate_up) and _grouped_mm_fits(lw.experts_down) for lw in layers)
 
 
 def _layer_ropes(w: DecoderWeights, max_len: int, positions: torch.Tensor, unsqueeze: int):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from verl.workers.rollout.base import wait_for_continuations
-from verl.workers.rollout.native.model import decode, extend, prefill
+from verl.workers.rollout.native.model import decode, decode_capturable, extend, prefill
 from verl.workers.rollout.native.sampling import sample
 
 __all__ = ["BUCKETS", "Run", "SlotState", "bucket"]
@@ -83,7 +83,8 @@ class Run:
         for t in self.state.tensors():
             t.zero_()
         self.state.row.fill_(self.rows)
-        self.use_graphs = self.device.type == "cuda" and not engine.config.enforce_eager
+        # A mixture of experts whose grouped matmul syncs with the host (see decode_capturable) decodes eagerly.
+        self.use_graphs = self.device.type == "cuda" and not engine.config.enforce_eager and decode_capturable(self.w)
         if self.use_graphs:
             # Graphs read the weights, the cache and the RoPE table by address: a new one of any means recapture.
             engine.graphs.validate((self.w.pointers(), self.cache.pointers(), self.w.rope_pointers(self.cache.max_len)))

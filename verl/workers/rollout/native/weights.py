@@ -5,7 +5,8 @@ attention scale and soft-capping, sliding windows, RoPE frequencies) and keeps r
 parameter tensors (no copy). ``bind`` walks the module again, which is how a generation call picks up weights
 that FSDP unsharded into fresh storage or that an optimizer step changed in place. Fused projections (Phi-3's
 ``qkv_proj`` and ``gate_up_proj``) are kept whole: the forward runs one GEMM and splits its output, so nothing
-derived from a weight can go stale.
+derived from a weight can go stale. So are the experts of a mixture-of-experts layer: transformers stores them as 3-D
+parameters ``gate_up_proj (E, 2I, H)`` and ``down_proj (E, H, I)``, which the forward multiplies group by group.
 
 Families, as transformers computes them:
 
@@ -18,6 +19,12 @@ Families, as transformers computes them:
   local (sliding) layers alternating with global ones, Gemma 2's tanh soft-capping of attention scores and
   final logits; Gemma 3's q/k norms and a RoPE base of its own for local layers. As in transformers, Gemma 3
   ignores ``attn_logit_softcapping``, and its multimodal class applies no final soft-capping.
+- qwen3_moe, qwen2_moe: the Qwen attention (Qwen 3's q/k norms, Qwen 2's q/k/v biases) with a mixture of experts
+  in place of the MLP: a router ``(E, H)`` whose float32 softmax picks ``num_experts_per_tok`` experts per token
+  (their probabilities renormalised when ``norm_topk_prob``, then rounded to the hidden dtype), each expert a
+  SwiGLU MLP. Qwen2-MoE adds a shared expert, a dense SwiGLU MLP scaled by ``sigmoid(shared_expert_gate(x))``.
+  Layers listed in ``mlp_only_layers`` or off the ``decoder_sparse_step`` stride keep a dense MLP. Qwen3-MoE's
+  ``use_sliding_window`` windows every layer; Qwen2-MoE's ``layer_types`` marks its sliding layers.
 """
 
 from __future__ import annotations
@@ -29,8 +36,11 @@ import torch
 __all__ = ["DecoderWeights", "LayerWeights", "SUPPORTED_MODEL_TYPES", "UnsupportedModelError"]
 
 LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral", "phi3")
+MOE = ("qwen3_moe", "qwen2_moe")
 GEMMA = ("gemma2", "gemma3_text", "gemma3")
-SUPPORTED_MODEL_TYPES = LLAMA_LIKE + GEMMA
+SUPPORTED_MODEL_TYPES = LLAMA_LIKE + MOE + GEMMA
+# Families whose attention applies config.sliding_window in every layer (when set).
+WINDOWED_EVERY_LAYER = ("mistral", "phi3", "qwen3_moe")
 # RoPE variants whose frequencies do not depend on the sequence length (dynamic/longrope do).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -43,8 +53,9 @@ class UnsupportedModelError(ValueError):
 def _unsupported(what: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"rollout.name=native does not support {what}; it runs {', '.join(SUPPORTED_MODEL_TYPES[:-1])} and "
-        f"{SUPPORTED_MODEL_TYPES[-1]} (text only) decoders (RMSNorm, static RoPE, gated MLP, full or sliding-window "
-        "attention). Set actor_rollout_ref.rollout.name=hf to generate with transformers instead.")
+        f"{SUPPORTED_MODEL_TYPES[-1]} (text only) decoders (RMSNorm, static RoPE, gated MLP or mixture of gated "
+        "experts, full or sliding-window attention). Set actor_rollout_ref.rollout.name=hf to generate with "
+        "transformers instead.")
 
 
 @dataclass
@@ -63,14 +74,20 @@ class LayerWeights:
     k_norm: torch.Tensor | None
     attn_out_norm: torch.Tensor | None  # Gemma: on the attention output, before the residual add
     mlp_norm: torch.Tensor  # before the MLP (``post_attention_layernorm`` in Llama, ``pre_feedforward`` in Gemma)
+    # The dense MLP; in a mixture-of-experts layer the shared expert (Qwen2-MoE), or None (Qwen3-MoE).
     gate: torch.Tensor | None  # None where ``gate_up`` holds both (Phi-3)
     gate_bias: torch.Tensor | None
     up: torch.Tensor | None
     up_bias: torch.Tensor | None
     gate_up: torch.Tensor | None
-    down: torch.Tensor
+    down: torch.Tensor | None
     down_bias: torch.Tensor | None
     mlp_out_norm: torch.Tensor | None  # Gemma: on the MLP output, before the residual add
+    # Mixture of experts (None in a dense layer): router (E, H), experts' gate_up (E, 2I, H) and down (E, H, I).
+    router: torch.Tensor | None = None
+    experts_gate_up: torch.Tensor | None = None
+    experts_down: torch.Tensor | None = None
+    shared_expert_gate: torch.Tensor | None = None  # (1, H): the shared expert's sigmoid scale (Qwen2-MoE)
 
 
 def _tensor(t, where: str) -> torch.Tensor | None:
@@ -121,6 +138,9 @@ class DecoderWeights:
         self.attn_softcap = float(cap) if cap else None
         cap = getattr(text, "final_logit_softcapping", None) if model_type in ("gemma2", "gemma3_text") else None
         self.final_softcap = float(cap) if cap else None
+        self.moe = model_type in MOE
+        self.top_k = int(text.num_experts_per_tok) if self.moe else 0
+        self.norm_topk_prob = bool(getattr(text, "norm_topk_prob", False)) if self.moe else False
         self.embed_scale: float | None = None  # set by bind: sqrt(hidden_size) rounded to the weights' dtype
         self._read_rope(self.decoder.rotary_emb, text, num_layers)
         self.module = module
@@ -131,7 +151,7 @@ class DecoderWeights:
 
     def _windows(self, text, num_layers: int) -> list[int | None]:
         """Each layer's sliding window (keys at most ``window - 1`` positions back are seen), or None."""
-        if self.model_type in ("mistral", "phi3"):  # their attention reads config.sliding_window in every layer
+        if self.model_type in WINDOWED_EVERY_LAYER:  # their attention reads config.sliding_window in every layer
             window = getattr(text, "sliding_window", None)
             return [int(window) if window else None] * num_layers
         layer_types = getattr(text, "layer_types", None) or ["full_attention"] * num_layers
@@ -189,7 +209,10 @@ class DecoderWeights:
 
         parts = {name: getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "qkv_proj", "q_norm",
                                                                 "k_norm")}
-        parts.update({name: getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "gate_up_proj")})
+        moe = self._experts(i, mlp)
+        dense = getattr(mlp, "shared_expert", None) if moe else mlp  # a MoE layer's dense part: its shared expert
+        parts.update({name: getattr(dense, name, None) for name in ("gate_proj", "up_proj", "gate_up_proj",
+                                                                      "down_proj")})
         if self.gemma:
             attn_out_norm, mlp_norm = layer.post_attention_layernorm, layer.pre_feedforward_layernorm
             mlp_out_norm = layer.post_feedforward_layernorm
@@ -205,8 +228,25 @@ class DecoderWeights:
             attn_out_norm=w(attn_out_norm, "post_attention_layernorm"), mlp_norm=w(mlp_norm, "mlp norm"),
             gate=w(parts["gate_proj"], "gate_proj"), gate_bias=b(parts["gate_proj"], "gate_proj"),
             up=w(parts["up_proj"], "up_proj"), up_bias=b(parts["up_proj"], "up_proj"),
-            gate_up=w(parts["gate_up_proj"], "gate_up_proj"), down=w(mlp.down_proj, "down_proj"),
-            down_bias=b(mlp.down_proj, "down_proj"), mlp_out_norm=w(mlp_out_norm, "post_feedforward_layernorm"))
+            gate_up=w(parts["gate_up_proj"], "gate_up_proj"), down=w(parts["down_proj"], "down_proj"),
+            down_bias=b(parts["down_proj"], "down_proj"), mlp_out_norm=w(mlp_out_norm, "post_feedforward_layernorm"),
+            **moe)
+
+    def _experts(self, i: int, mlp: torch.nn.Module) -> dict:
+        """A mixture-of-experts layer's router, experts and shared-expert gate ({} for a dense MLP)."""
+        experts = getattr(mlp, "experts", None) if self.moe else None
+        if experts is None:
+            return {}
+        if getattr(getattr(experts, "gate_up_proj", None), "dim", lambda: 0)() != 3:
+            raise _unsupported(f"the experts of layer {i} as {type(experts).__name__} stores them (the native engine "
+                               "reads transformers 5's 3-D gate_up_proj/down_proj expert parameters)")
+        shared_gate = getattr(mlp, "shared_expert_gate", None)
+        where = f"layers.{i}.mlp"
+        return {"router": _tensor(mlp.gate.weight, f"{where}.gate"),
+                "experts_gate_up": _tensor(experts.gate_up_proj, f"{where}.experts.gate_up_proj"),
+                "experts_down": _tensor(experts.down_proj, f"{where}.experts.down_proj"),
+                "shared_expert_gate": None if shared_gate is None else _tensor(shared_gate.weight,
+                                                                               f"{where}.shared_expert_gate")}
 
     @property
     def num_layers(self) -> int:
