@@ -192,7 +192,8 @@ def main() -> None:
         metrics_file = os.path.join(args.out, f"{name}.jsonl")
         if os.path.exists(metrics_file):
             os.remove(metrics_file)
-        env = {**os.environ, "VERL_FILE_LOGGER_PATH": metrics_file, "PYTHONPATH": REPO}
+        env = {**os.environ, "VERL_FILE_LOGGER_PATH": metrics_file,
+               "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
         usage = Utilization()
         started = time.time()
         subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--steps", str(args.steps),
