@@ -159,3 +159,18 @@ def test_sliding_window_models_are_refused_at_load_time(tmp_path):
                                          r"set actor_rollout_ref.model.use_remove_padding=false"):
         check_packable(MistralConfig(sliding_window=4096), "actor_rollout_ref.model.path")
     check_packable(MistralConfig(sliding_window=None), "critic.model.path")
+
+
+def test_gemma2_soft_capped_attention_loads_eager_and_is_not_packed(tmp_path):
+    """SDPA cannot soft-cap attention scores: a Gemma 2 policy loads with transformers' eager attention (which
+    transformers would otherwise refuse to load it without), and packed forwards are refused naming the key."""
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0,
+                          attn_logit_softcapping=2.0, sliding_window=None, layer_types=["full_attention"] * 2)
+    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(tmp_path)
+    model = load_causal_lm(str(tmp_path), remove_padding=False)
+    assert model.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match=r"soft-capped attention.*use_remove_padding=false"):
+        load_causal_lm(str(tmp_path), remove_padding=True)

@@ -97,21 +97,28 @@ def enable_gradient_checkpointing(model) -> None:
     model.config.use_cache = False
 
 
+def _softcapped(config) -> bool:
+    """Attention scores soft-capped (Gemma 2): neither SDPA nor the packed kernels apply the cap."""
+    return bool(getattr(config, "attn_logit_softcapping", None)) and config.model_type == "gemma2"
+
+
 def check_packable(config, config_key: str) -> None:
-    """Refuse packed forwards for models with sliding-window attention (the packed kernel attends to
-    the whole of each sequence), naming the key to turn them off."""
+    """Refuse packed forwards for models with sliding-window or soft-capped attention (the packed kernel attends
+    to the whole of each sequence, uncapped), naming the key to turn them off."""
     layer_types = getattr(config, "layer_types", None)
     sliding = ("sliding_attention" in layer_types) if layer_types else bool(getattr(config, "sliding_window", None))
-    if sliding:
+    if sliding or _softcapped(config):
         flag = config_key.rsplit(".", 1)[0] + ".use_remove_padding"
-        raise ValueError(f"{config_key}: this model uses sliding-window attention, which packed (padding-free) "
+        what = "sliding-window" if sliding else "soft-capped"
+        raise ValueError(f"{config_key}: this model uses {what} attention, which packed (padding-free) "
                          f"forwards do not support; set {flag}=false")
 
 
-def attention_implementation(remove_padding: bool) -> str:
-    """The ``attn_implementation`` to load a model with: packed-capable (:mod:`verl.models.packed`) or SDPA."""
+def attention_implementation(remove_padding: bool, config=None) -> str:
+    """The ``attn_implementation`` to load a model with: packed-capable (:mod:`verl.models.packed`), SDPA, or
+    transformers' eager attention for soft-capped scores (Gemma 2), which SDPA cannot compute."""
     if not remove_padding:
-        return "sdpa"
+        return "eager" if config is not None and _softcapped(config) else "sdpa"
     from verl.models.packed import register
 
     return register()
@@ -147,7 +154,7 @@ def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, tru
         config.classifier_dropout = 0.0
     return getattr(transformers, auto_class).from_pretrained(
         os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-        attn_implementation=attention_implementation(remove_padding), **kwargs)
+        attn_implementation=attention_implementation(remove_padding, config), **kwargs)
 
 
 _MAPPING_NAMES = {"AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
