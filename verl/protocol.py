@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from verl.utils.fs import atomic_torch_save
+from verl.utils.model import compute_position_id_with_mask
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -597,7 +598,7 @@ def left_padded(sequences: list[list[int]], pad: int, meta_info: dict | None = N
     input_ids = torch.tensor([[pad] * (width - len(ids)) + list(ids) for ids in sequences], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in sequences], dtype=torch.long)
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask,
-                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}, meta_info=dict(meta_info or {}))
+                                "position_ids": compute_position_id_with_mask(mask)}, meta_info=dict(meta_info or {}))
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:

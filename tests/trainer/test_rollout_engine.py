@@ -1,11 +1,11 @@
 """The driver's choice of rollout engine: native where it runs the model, else hf with one note, refused where the
 trainer mode needs native. Only config.json is read (the model is built on the meta device)."""
 
-import dataclasses
-
 import pytest
 from transformers import GPT2Config, LlamaConfig, Phi3Config
 
+from verl.trainer.config.spec import resolve_run
+from verl.trainer.config_validation import compose_ppo_config
 from verl.trainer.rollout_engine import EngineChoiceError, choose_rollout_engine, native_problem
 
 
@@ -35,47 +35,11 @@ def test_native_problem_names_what_the_engine_lacks(folders):
     assert "longrope" in native_problem(folders["phi3_longrope"])
 
 
-# The parts of a RunSpec the choice reads (dataclasses, as the real ones, so that replace works on them).
-@dataclasses.dataclass(frozen=True)
-class Model:
-    path: str
-    trust_remote_code: bool = False
-    override_config: dict = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rollout:
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Policy:
-    model: Model
-    rollout: Rollout
-
-
-@dataclasses.dataclass(frozen=True)
-class V1:
-    trainer_mode: str
-
-    @property
-    def asynchronous(self):
-        return self.trainer_mode != "sync"
-
-
-@dataclasses.dataclass(frozen=True)
-class Trainer:
-    v1: V1
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    actor_rollout_ref: Policy
-    trainer: Trainer
-
-
 def _spec(path, name="native", mode="sync"):
-    return Spec(Policy(Model(path), Rollout(name)), Trainer(V1(mode)))
+    """The run's own RunSpec for these settings (the engine not yet chosen)."""
+    config = compose_ppo_config([f"actor_rollout_ref.model.path={path}", f"actor_rollout_ref.rollout.name={name}",
+                                 f"trainer.v1.trainer_mode={mode}"])
+    return resolve_run(config, choose_checkpointing=False, choose_engine=False)
 
 
 def test_an_unsupported_model_generates_with_hf_and_says_so_once(folders):

@@ -30,6 +30,8 @@ from torch.utils.data import Dataset
 from verl.models.vision import IMAGE_PLACEHOLDER, as_vision_processor, rope_index
 from verl.protocol import object_array
 from verl.trainer.config.config import DataConfig
+from verl.utils.model import compute_position_id_with_mask
+from verl.utils.torch_functional import truncation_split
 
 logger = logging.getLogger("verl.dataset")
 
@@ -101,23 +103,16 @@ def _data_files(files) -> list[str]:
 
 
 def truncate_prompt(ids: list[int], max_length: int, mode: str) -> list[int]:
-    """Cut ``ids`` to ``max_length`` tokens.
-
-    ``left`` keeps the last ``max_length`` tokens, ``right`` the first ``max_length``, and
-    ``middle`` the first ``max_length // 2`` plus the last ``max_length - max_length // 2``
-    (the removed tokens come from the middle). ``error`` is checked by the caller.
-    """
+    """Cut ``ids`` to ``max_length`` tokens as ``data.truncation`` says (:func:`verl.utils.torch_functional.
+    truncation_split`: ``left`` keeps the end, ``right`` the start, ``middle`` both halves). ``error`` is checked by
+    the caller."""
     if len(ids) <= max_length:
         return ids
-    if mode == "left":
-        return ids[-max_length:]
-    if mode == "right":
-        return ids[:max_length]
-    if mode == "middle":
-        head = max_length // 2
-        tail = max_length - head
-        return ids[:head] + ids[-tail:]
-    raise DatasetError(f"data.truncation={mode!r} cannot cut a prompt; use one of left, right, middle.")
+    try:
+        head, tail = truncation_split(max_length, mode)
+    except ValueError:
+        raise DatasetError(f"data.truncation={mode!r} cannot cut a prompt; use one of left, right, middle.") from None
+    return ids[:head] + ids[len(ids) - tail:]
 
 
 class RLHFDataset(Dataset):
@@ -351,7 +346,7 @@ class RLHFDataset(Dataset):
         input_ids = torch.tensor([self.pad_token_id] * pad + ids, dtype=torch.long)
         attention_mask = torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(len(ids), dtype=torch.long)])
         if multi_modal is None:
-            position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+            position_ids = compute_position_id_with_mask(attention_mask)
         else:  # M-RoPE (3, P)
             position_ids = rope_index(self.processor.config, input_ids, attention_mask,
                                       multi_modal[1].get("image_grid_thw"))

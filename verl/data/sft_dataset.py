@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 
 from verl.data.rl_dataset import DatasetError, _chat_messages, _data_files, _plain, _read_parquet, _short_repr
 from verl.trainer.config.config import SFTDataConfig
+from verl.utils.model import compute_position_id_with_mask
 
 logger = logging.getLogger("verl.dataset")
 
@@ -222,6 +223,6 @@ class SFTDataset(Dataset):
         input_ids = torch.cat([torch.from_numpy(ids), torch.full((pad,), self.pad_token_id, dtype=torch.long)])
         attention_mask = torch.cat([torch.ones(len(ids), dtype=torch.long), torch.zeros(pad, dtype=torch.long)])
         loss_mask = torch.cat([torch.from_numpy(mask), torch.zeros(pad, dtype=torch.long)])
-        position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+        position_ids = compute_position_id_with_mask(attention_mask)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                 "loss_mask": loss_mask}

@@ -148,8 +148,12 @@ def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool
     """The backbone's (``model.model``'s) final hidden states: padded, (B, T, H) and None; packed (see
     :mod:`verl.models.packed`), (N, H) for the N valid tokens and the `Packed` batch that places them."""
     output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed, multi_modal)
-    hidden = output.last_hidden_state
-    return (hidden, None) if batch is None else (hidden[0], batch)
+    return _last_hidden(output, batch), batch
+
+
+def _last_hidden(output, batch) -> torch.Tensor:
+    """Padded: (B, T, H); packed: (N, H), the one packed row's."""
+    return output.last_hidden_state if batch is None else output.last_hidden_state[0]
 
 
 def _hidden_states(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool,
@@ -160,13 +164,10 @@ def _hidden_states(model, input_ids, attention_mask, position_ids, response_leng
     Padded: (B, R, H) at columns T-R-1 .. T-2, with ``None`` as the mask. Packed: (n, H) for the n valid
     response tokens only, with the (B, R) mask that places them (row-major) back into the batch.
     """
-    if routing is None:
-        hidden, batch = backbone_hidden(model, input_ids, attention_mask, position_ids, packed, multi_modal)
-        router = None
-    else:
-        output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed, multi_modal,
-                                      output_router_logits=True)
-        hidden = output.last_hidden_state if batch is None else output.last_hidden_state[0]
+    extra = {} if routing is None else {"output_router_logits": True}
+    output, batch = _run_backbone(model, input_ids, attention_mask, position_ids, packed, multi_modal, **extra)
+    hidden, router = _last_hidden(output, batch), None
+    if routing is not None:
         # Packed rows are all real tokens; padded ones are masked by the attention mask.
         valid = None if batch is not None else attention_mask.reshape(-1).bool()
         with torch.set_grad_enabled(torch.is_grad_enabled() and routing.add_aux_loss):

@@ -164,16 +164,23 @@ def postprocess_data(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_
     if length == max_length:
         return input_ids, attention_mask
     if truncation == "error":
+        # NotImplementedError is the original's type for this case: user code written against it catches that.
         raise NotImplementedError(f"sequence length {length} is larger than max_length {max_length} "
                                   "(pass truncation='left', 'right' or 'middle' to cut it)")
-    if truncation == "left":
-        keep = slice(length - max_length, length)
-        return input_ids[:, keep], attention_mask[:, keep]
-    if truncation == "right":
-        return input_ids[:, :max_length], attention_mask[:, :max_length]
-    head, tail = max_length // 2, max_length - max_length // 2
+    head, tail = truncation_split(max_length, truncation)
     return (torch.cat([input_ids[:, :head], input_ids[:, length - tail:]], dim=-1),
             torch.cat([attention_mask[:, :head], attention_mask[:, length - tail:]], dim=-1))
+
+
+def truncation_split(max_length: int, mode: str) -> tuple[int, int]:
+    """``(head, tail)``: how many of the first and of the last tokens a sequence longer than ``max_length`` keeps
+    when cut by ``mode``: ``left`` keeps the last ``max_length``, ``right`` the first, ``middle`` the first half
+    and the last half (the removed tokens come from the middle)."""
+    splits = {"left": (0, max_length), "right": (max_length, 0),
+              "middle": (max_length // 2, max_length - max_length // 2)}
+    if mode not in splits:
+        raise ValueError(f"truncation={mode!r} cannot cut a sequence; use one of left, right, middle")
+    return splits[mode]
 
 
 def tokenize_and_postprocess_data(prompt: str, tokenizer, max_length: int, pad_token_id: int, left_pad: bool = True,

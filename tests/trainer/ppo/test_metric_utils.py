@@ -10,7 +10,6 @@ from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_rollout_probs_diff,
     compute_throughout_metrics,
-    compute_throughput_metrics,
     compute_timing_metrics,
     explained_variance,
     flatten_validation_metrics,
@@ -121,7 +120,6 @@ def test_timing_metrics_per_token():
 
 
 def test_throughput_metrics():
-    assert compute_throughput_metrics is compute_throughout_metrics  # the original's spelling, one function
     batch = two_sample_batch()
     m = compute_throughout_metrics(batch, {"step": 0.5}, n_gpus=2)  # Σ attention_mask = 5 + 6 = 11
     assert m == {"perf/total_num_tokens": 11.0, "perf/time_per_step": 0.5, "perf/throughput": 11.0}

@@ -151,7 +151,7 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: Mapping[str, float]
     """``perf/total_num_tokens`` (Σ ``meta_info["global_token_num"]``, the valid tokens per sequence, or
     Σ attention_mask when the batch lacks it), ``perf/time_per_step`` (``timing_raw["step"]``) and
     ``perf/throughput`` = total tokens / (step time × n_gpus), in tokens per second per device.
-    The name is the original's ("throughout"); :func:`compute_throughput_metrics` is the same function."""
+    The name is the original's ("throughout")."""
     if "step" not in timing_raw:
         raise KeyError("compute_throughout_metrics needs timing_raw['step'] (time the whole step with "
                        "simple_timer('step', timing_raw))")
@@ -164,8 +164,6 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: Mapping[str, float]
     return {"perf/total_num_tokens": float(total_tokens), "perf/time_per_step": step_time,
             "perf/throughput": total_tokens / (step_time * n_gpus) if step_time > 0 and n_gpus > 0 else math.nan}
 
-
-compute_throughput_metrics = compute_throughout_metrics
 
 
 def compute_rollout_probs_diff(rollout_log_probs: torch.Tensor, actor_log_probs: torch.Tensor,

@@ -32,7 +32,7 @@ from verl.trainer.config.spec import prompts_per_round, resolve_run
 from verl.trainer.ppo import checkpointing
 from verl.trainer.ppo.async_rollout import AsyncRollout
 from verl.trainer.ppo.metric_utils import (
-    compute_data_metrics, compute_rollout_probs_diff, compute_throughput_metrics, compute_timing_metrics, reduce_metrics
+    compute_data_metrics, compute_rollout_probs_diff, compute_throughout_metrics, compute_timing_metrics, reduce_metrics
 )
 from verl.trainer.ppo.roles import WorkerGroups
 from verl.trainer.ppo.validation import dump_generations, validate
@@ -410,7 +410,7 @@ class RayPPOTrainer:
         metrics.update({"training/global_step": self.global_steps, "training/epoch": self.train_sampler.epoch})
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing_raw))
-        metrics.update(compute_throughput_metrics(batch, timing_raw, n_gpus=self.n_devices))
+        metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=self.n_devices))
         metrics.update(self._mfu(batch, timing_raw))
         return metrics
 

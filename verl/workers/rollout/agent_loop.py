@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto, object_array
+from verl.utils.model import compute_position_id_with_mask
 from verl.workers.config.rollout import MultiTurnConfig
 from verl.workers.rollout.base import EpisodeTokens, left_padded
 
@@ -365,7 +366,7 @@ class ToolAgentLoop:
         prompt_mask = batch.batch["attention_mask"].repeat_interleave(n, dim=0)
         response_valid = (torch.arange(length)[None] < tokens.lengths[:, None]).to(prompt_mask.dtype)
         attention_mask = torch.cat([prompt_mask, response_valid], dim=1)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = compute_position_id_with_mask(attention_mask)
         non_tensor = {k: np.repeat(v, n, axis=0) if isinstance(v, np.ndarray) else v
                       for k, v in prompts.non_tensor_batch.items()}
         stats = {"__num_turns__": [e.assistant_turns + e.user_turns for e in episodes],
