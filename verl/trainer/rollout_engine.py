@@ -48,7 +48,7 @@ def native_problem(path: str, *, trust_remote_code: bool = False, override_confi
     try:
         DecoderWeights(module)
     except UnsupportedModelError as e:
-        return str(e).split("; it runs", 1)[0].removeprefix("rollout.name=native does not support ")
+        return f"it does not support {e.what}"
     return None
 
 

@@ -47,7 +47,12 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 class UnsupportedModelError(ValueError):
-    """The native engine cannot run this model; the message says to use ``rollout.name=hf``."""
+    """The native engine cannot run this model; the message says to use ``rollout.name=hf``. ``what``: the
+    feature it lacks, as the message names it."""
+
+    def __init__(self, message: str, what: str):
+        super().__init__(message)
+        self.what = what
 
 
 def _unsupported(what: str) -> UnsupportedModelError:
@@ -55,7 +60,7 @@ def _unsupported(what: str) -> UnsupportedModelError:
         f"rollout.name=native does not support {what}; it runs {', '.join(SUPPORTED_MODEL_TYPES[:-1])} and "
         f"{SUPPORTED_MODEL_TYPES[-1]} (text only) decoders (RMSNorm, static RoPE, gated MLP or mixture of gated "
         "experts, full or sliding-window attention). Set actor_rollout_ref.rollout.name=hf to generate with "
-        "transformers instead.")
+        "transformers instead.", what)
 
 
 @dataclass
