@@ -2,6 +2,7 @@
 
     python3 bench/first_step.py --out /tmp/first_step                 # on the GPU machine (TRL too)
     python3 bench/first_step.py --out /tmp/first_step --skip-trl --tiny   # a tiny CPU run of the script
+    python3 bench/first_step.py --out /tmp/fs --skip-trl --variant "local:trainer.backend=local"  # + warm variants
 
 The workload is ``bench/peer_grpo.py``'s (a random-weight Qwen2.5-0.5B-shaped model, 64 prompts of ~380
 tokens x 4 generations, 256-token completions, KL to the reference), for one training step. Ours runs
@@ -88,6 +89,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny model on the CPU, to check the script")
     parser.add_argument("--skip-trl", action="store_true", help="ours only (TRL needs the trl package)")
     parser.add_argument("--ours-override", action="append", default=[], help="an extra main_ppo override (both runs)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME:key=value;key=value -- one more warm-cache run of ours with these overrides "
+                             "(after the default warm run; e.g. to compare backends or compile settings)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     out = os.path.abspath(args.out)
@@ -96,9 +100,14 @@ def main() -> None:
     cache = os.path.join(out, "compile_cache")
     shutil.rmtree(cache, ignore_errors=True)
     results = {}
-    for name in ("cold", "warm"):
-        print(f"running ours, {name} compile cache ...", flush=True)
-        results[name] = run_ours(out, name, args.tiny, max(prepared["prompt_tokens"]), cache, args.ours_override)
+    runs = [("cold", []), ("warm", [])]
+    for variant in args.variant:
+        name, _, overrides = variant.partition(":")
+        runs.append((name, [o for o in overrides.split(";") if o]))
+    for name, overrides in runs:
+        print(f"running ours, {name} ...", flush=True)
+        results[name] = run_ours(out, name, args.tiny, max(prepared["prompt_tokens"]), cache,
+                                 args.ours_override + overrides)
     if not args.skip_trl:
         print("running TRL ...", flush=True)
         results["trl"] = run_trl(out, args.tiny)
@@ -109,15 +118,17 @@ def main() -> None:
     def seconds(value):
         return f"{value:8.1f}" if value is not None else f"{'n/a':>8}"
 
-    print(f"\n{'':22}{'to step 1 (s)':>14}{'to exit (s)':>12}{'vs TRL':>8}")
-    for name, label in (("trl", "TRL GRPOTrainer"), ("cold", "ours, cold cache"), ("warm", "ours, warm cache")):
+    print(f"\n{'':30}{'to step 1 (s)':>14}{'to exit (s)':>12}{'vs TRL':>8}")
+    labels = [("trl", "TRL GRPOTrainer"), ("cold", "ours, cold cache"), ("warm", "ours, warm cache")]
+    labels += [(name, f"ours, warm, {name}") for name, _ in runs[2:]]
+    for name, label in labels:
         if name in results:
             r = results[name]
             ratio = ""
             if "trl" in results and name != "trl" and results["trl"]["first_step_s"] and r["first_step_s"]:
                 ratio = f"{results['trl']['first_step_s'] / r['first_step_s']:7.2f}x"
-            print(f"{label:22}{seconds(r['first_step_s']):>14}{seconds(r['total_s']):>12}{ratio:>8}")
-    for name in ("cold", "warm"):
+            print(f"{label:30}{seconds(r['first_step_s']):>14}{seconds(r['total_s']):>12}{ratio:>8}")
+    for name, _ in runs:
         r = results[name]
         print(f"\nours, {name}: first step stages (s): "
               + ", ".join(f"{k} {v:.2f}" for k, v in r["stages"].items()))

@@ -61,7 +61,9 @@ def configs(vocab: int) -> dict:
 def build(config):
     """Random weights larger than the default init, so greedy outputs vary (Gemma scales embeddings by 8 here)."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # transformers' SDPA path drops Gemma 2's attention soft-cap (it runs uncapped on CUDA); eager applies it.
+    attention = "eager" if config.model_type == "gemma2" else None
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
     gemma = config.model_type.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():
