@@ -25,7 +25,8 @@ LAYERS = [
     ("single controller", "Worker, @register dispatch, Ray and local worker groups", ["verl.single_controller"]),
     ("workers", "one class per role, the actor's and critic's math on one rank", ["verl.workers"]),
     ("driver", "the run spec, the PPO loop, reward managers, CLIs, the Python API",
-     ["verl.trainer", "verl.rewards.managers", "verl.rewards.loading", "verl.model_merger", "verl.experimental"]),
+     ["verl.trainer", "verl.rewards.managers", "verl.rewards.loading", "verl.rewards.generative", "verl.model_merger",
+      "verl.experimental"]),
 ]
 
 

@@ -171,5 +171,5 @@ def test_load_batch_manager_and_unknown_manager(reward_file, tiny_tokenizer):
     config = make_config(custom_reward_function={"path": reward_file, "name": "batch_score"},
                          reward_model={"reward_manager": "batch"})
     assert isinstance(load_reward_manager(config, tiny_tokenizer, 0), BatchRewardManager)
-    with pytest.raises(ValueError, match=r"unknown reward manager 'remote'; registered: "):
+    with pytest.raises(ValueError, match=r"Unknown reward manager: remote\. Registered: "):
         load_reward_manager(make_config(reward_model={"reward_manager": "remote"}), tiny_tokenizer, 0)

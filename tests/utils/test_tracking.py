@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import logging
 import math
 import sys
 import types
@@ -171,4 +172,26 @@ def test_wandb_backend_with_a_stub(monkeypatch):
 
 def test_mlflow_key_sanitising():
     assert sanitize_mlflow_key("val-core/gsm8k/acc/mean@4") == "val-core/gsm8k/acc/mean_at_4"
-    assert sanitize_mlflow_key("a:b(c)") == "a_b_c_"
+    assert sanitize_mlflow_key("a:b(c)") == "a:b_c_"  # ':' is allowed, brackets are not
+    assert sanitize_mlflow_key("timing_s//gen///x") == "timing_s/gen/x"  # repeated slashes: one
+    assert sanitize_mlflow_key("acc@k=8, n/a") == "acc_at_k_8_ n/a"
+    assert sanitize_mlflow_key("perf/mfu/actor") == "perf/mfu/actor"
+    assert sanitize_mlflow_key("μ/loss") == "μ/loss"  # word characters of any script, as MLflow's own check
+
+
+def test_mlflow_logs_sanitised_names_and_warns_once_per_renamed_key(monkeypatch, caplog):
+    calls = []
+    stub = types.SimpleNamespace(
+        set_tracking_uri=lambda uri: None, set_experiment=lambda name: None,
+        start_run=lambda run_name: None, log_params=lambda params: None, end_run=lambda: None,
+        log_metrics=lambda metrics, step: calls.append((metrics, step)))
+    monkeypatch.setitem(sys.modules, "mlflow", stub)
+    tracker = Tracking("proj", "exp", "mlflow")
+    with caplog.at_level(logging.WARNING):
+        tracker.log({"val//acc@4": 0.5, "loss": 1.0}, step=1)
+        tracker.log({"val//acc@4": 0.75}, step=2)
+    tracker.finish()
+    assert calls == [({"val/acc_at_4": 0.5, "loss": 1.0}, 1), ({"val/acc_at_4": 0.75}, 2)]
+    renamed = [r.getMessage() for r in caplog.records if "[MLflow]" in r.getMessage()]
+    assert renamed == ["[MLflow] metric 'val//acc@4' is logged as 'val/acc_at_4': MLflow does not accept its "
+                       "characters"]

@@ -1,4 +1,8 @@
-"""Advantage estimators: (token_level_rewards, response_mask, ...) -> (advantages, returns)."""
+"""Advantage estimators: (token_level_rewards, response_mask, ...) -> (advantages, returns).
+
+Each estimator takes the original's parameters in the original's order; those it does not need
+(``epsilon``, ``config``, ``**kwargs`` on some) are accepted and not read, so calls written for the original work.
+"""
 
 from __future__ import annotations
 
@@ -128,10 +132,17 @@ def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
     return adv, adv
 
 
+# The group estimators here are already vectorized (the uids are numbered once, then each group statistic is
+# one scatter-add; no tensor op per sample), so the original's "_vectorized" names register the same
+# functions under a second name: the results are identical by construction.
+compute_grpo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)(
+    compute_grpo_outcome_advantage)
+
+
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
 def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                                          index: np.ndarray, epsilon: float = 1e-6, norm_adv_by_std_in_grpo: bool = True,
-                                         config: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                                         config: Any = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k GRPO: only the best sample of each group is credited, A_best = R_max − R_second.
 
     Divided by (std_g + ε) when ``norm_adv_by_std_in_grpo``; every other sample gets 0 (so does
@@ -157,20 +168,24 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor, resp
 
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config: Any = None, gamma: float | None = None,
+    **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025): discounted returns G_t = r_t + γ·G_{t+1}, whitened over the batch.
+    """REINFORCE++ (Hu 2025): discounted returns G_t = r_t + γ·G_{t'}, whitened over the batch.
 
-    The running return is reset to 0 after every masked position, so a return never reaches past
-    the end of its response (or past a masked span). Returns = G, advantages = masked_whiten(G).
+    t' is the next valid token: masked positions (tool observations inside a multi-turn response, the
+    padding after it) are skipped as in GAE, their rewards ignored and the return carried through them.
+    γ is ``gamma``, else ``config.gamma`` (the original passes only the algorithm config), else 1.
+    Returns = G, advantages = masked_whiten(G); both 0 on masked positions.
     """
+    if gamma is None:
+        gamma = 1.0 if config is None else config.gamma
     valid = response_mask.bool()
     running = torch.zeros_like(token_level_rewards[:, 0])
     columns = []
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
+        running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, running)
         columns.append(running)
-        running = torch.where(valid[:, t], running, 0.0)
     returns = torch.where(valid, torch.stack(columns[::-1], dim=1), 0.0)
     advantages = torch.where(valid, masked_whiten(returns, response_mask), 0.0)
     return advantages, returns
@@ -178,7 +193,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    config: Any = None, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: A = R − mean_g broadcast to tokens, then whitened over the batch.
 
@@ -193,12 +209,14 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 
 @register_adv_est(AdvantageEstimator.RLOO)
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    config: Any = None, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): A = R·k/(k−1) − mean_g·k/(k−1) = R − mean of the other k−1.
 
     A singleton group (k=1) has no "others": A = R, the raw score (an unbaselined REINFORCE term for
-    that sample), as the original does. Returns = advantages.
+    that sample), as the original's ``rloo`` does (its ``rloo_vectorized`` gives such a sample 0 instead;
+    here ``rloo_vectorized`` is this same function). Returns = advantages.
     """
     scores = token_level_rewards.sum(dim=-1)
     k, mean, _ = _group_stats(scores, index)
@@ -207,9 +225,14 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
+compute_rloo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)(
+    compute_rloo_outcome_advantage)
+
+
 @register_adv_est(AdvantageEstimator.REMAX)
 def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor, config: Any = None,
+    **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023): returns_t = Σ_{s≥t} r_s, A_t = returns_t − b.
 
@@ -224,7 +247,8 @@ def compute_remax_outcome_advantage(
 
 @register_adv_est(AdvantageEstimator.OPO)
 def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    config: Any = None, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO (Hao et al. 2025), length-weighted baseline: A = R − Σ_i len_i·R_i / Σ_i len_i.
 
@@ -241,16 +265,18 @@ def compute_opo_outcome_advantage(
 
 @register_adv_est(AdvantageEstimator.GPG)
 def compute_gpg_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray, epsilon: float = 1e-6,
+    f_norm: float = 1.0, alpha: float = 1.0, config: Any = None, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG (Chu et al. 2025): A = α·(R − mean_g) / F_norm with α = bs / #{i : R_i ≠ 0}.
 
-    α = 1 when no sample has a nonzero score; F_norm = 1 (no std normalisation); a singleton group
-    uses mean 0. Returns = advantages.
+    α is always computed that way (the ``alpha`` argument is not read, as in the original); α = bs
+    when no sample has a nonzero score; F_norm = ``f_norm`` (default 1: no std normalisation); a
+    singleton group uses mean 0. Returns = advantages.
     """
     scores = token_level_rewards.sum(dim=-1)
     _, mean, _ = _mean_with_singletons_at_zero(scores, index)
     n_nonzero = int((scores != 0).sum().item())
-    alpha = scores.shape[0] / n_nonzero if n_nonzero > 0 else 1.0
-    adv = (alpha * (scores - mean)).unsqueeze(-1) * response_mask
+    alpha = scores.shape[0] / max(n_nonzero, 1)
+    adv = (alpha * (scores - mean) / f_norm).unsqueeze(-1) * response_mask
     return adv, adv

@@ -13,7 +13,9 @@ from verl.trainer.config.algorithm import KLControlConfig
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
-def _kl_estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """The value of the estimator named ``kl_penalty`` (no trailing ``+``); see `kl_penalty`."""
+    kind = kl_penalty
     if kind in ("kl", "k1"):
         return logprob - ref_logprob
     if kind == "abs":
@@ -39,10 +41,17 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     gradient of k2, i.e. k2 + sg(named − k2).
     """
     if kl_penalty.endswith("+"):
-        value = _kl_estimate(logprob, ref_logprob, kl_penalty[:-1])
-        k2 = _kl_estimate(logprob, ref_logprob, "k2")
+        value = kl_penalty_forward(logprob, ref_logprob, kl_penalty[:-1])
+        k2 = kl_penalty_forward(logprob, ref_logprob, "k2")
         return k2 + (value - k2).detach()
-    return _kl_estimate(logprob, ref_logprob, kl_penalty)
+    return kl_penalty_forward(logprob, ref_logprob, kl_penalty)
+
+
+def compute_rewards(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+                    kl_ratio: float) -> torch.Tensor:
+    """Token rewards with an in-reward KL penalty of fixed weight: scores − kl_ratio·(old − ref) (the k1
+    estimate, every position; the trainer's own path, with a controller and a mask, is `apply_kl_penalty`)."""
+    return token_level_scores - kl_ratio * kl_penalty_forward(old_log_prob, ref_log_prob, "kl")
 
 
 class FixedKLController:
@@ -74,9 +83,9 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
-def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
+def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
     """The controller ``algorithm.kl_ctrl`` describes (a `KLControlConfig`, or a dict of its keys)."""
-    config = KLControlConfig.from_config(kl_ctrl_config)
+    config = KLControlConfig.from_config(kl_ctrl)
     if config.type == "fixed":
         return FixedKLController(config.kl_coef)
     if config.type == "adaptive":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from verl.algorithms.registry import register_policy_loss
@@ -14,7 +16,8 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
-             loss_scale_factor: float | None = None) -> torch.Tensor:
+             loss_scale_factor: float | None = None, *, dp_size: int = 1, batch_num_tokens: float | None = None,
+             global_batch_size: float | None = None) -> torch.Tensor:
     """Reduce a (bs, response_length) loss to a scalar over the valid tokens.
 
     With S the set of sequences holding at least one valid token and ℓ_i = Σ_t mask·loss:
@@ -23,16 +26,27 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     - ``seq-mean-token-mean``:     (1/|S|) Σ_{i∈S} ℓ_i / len_i          (original GRPO)
     - ``seq-mean-token-sum-norm``: (1/|S|) Σ_{i∈S} ℓ_i / C, C = ``loss_scale_factor`` or, when None,
       response_length = loss_mat.shape[-1]                              (Dr.GRPO)
-    Returns 0 when nothing is valid. Normalisers are local to this batch: under gradient
-    accumulation the caller weights micro-batches.
+    Returns 0 when nothing is valid. Normalisers are local to this batch: the actor weighs each
+    micro-batch's loss by its share of the mini-batch, so its losses leave the three keywords alone.
+    They are the original's, for code written against it: ``batch_num_tokens`` (token-mean) or
+    ``global_batch_size`` (seq-mean modes) replaces Σ mask or |S| by a global count, and the result is
+    multiplied by ``dp_size`` (which, above 1, requires the global count). ``loss_scale_factor`` is
+    the 4th positional argument here (the original's is ``dp_size``): pass these by keyword.
     """
-    if loss_agg_mode == "token-mean":
-        return masked_mean(loss_mat, loss_mask)
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
+    global_count = batch_num_tokens if loss_agg_mode == "token-mean" else global_batch_size
+    if dp_size > 1 and global_count is None:
+        name = "batch_num_tokens" if loss_agg_mode == "token-mean" else "global_batch_size"
+        raise ValueError(f"agg_loss with dp_size={dp_size} needs {name} (the count over all ranks) for "
+                         f"loss_agg_mode={loss_agg_mode!r}")
+    if loss_agg_mode == "token-mean":
+        if global_count is None:
+            return masked_mean(loss_mat, loss_mask)
+        return masked_sum(loss_mat, loss_mask) / global_count * dp_size
     seq_sums = masked_sum(loss_mat, loss_mask, axis=-1)
     seq_lens = masked_sum(torch.ones_like(loss_mat), loss_mask, axis=-1)
-    n_seqs = (seq_lens > 0).sum().clamp(min=1)
+    n_seqs = (seq_lens > 0).sum().clamp(min=1) if global_count is None else global_count
     if loss_agg_mode == "seq-mean-token-sum":
         per_seq = seq_sums
     elif loss_agg_mode == "seq-mean-token-mean":
@@ -42,7 +56,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
         if scale <= 0:
             raise ValueError(f"loss_scale_factor must be positive, got {loss_scale_factor}")
         per_seq = seq_sums / scale
-    return per_seq.sum() / n_seqs
+    return per_seq.sum() / n_seqs * dp_size
 
 
 # ---- Policy losses -----------------------------------------------------------------------------------------------
@@ -109,6 +123,27 @@ def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mas
                    clipped, dual_clipped)
 
 
+def compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, cliprange=None, cliprange_low=None,
+                        cliprange_high=None, clip_ratio_c=3.0, loss_agg_mode="token-mean"):
+    """The original's older entry point to the PPO loss (deprecated there too): `compute_policy_loss_vanilla`
+    with the clip settings passed one by one instead of in an actor config.
+
+    ``cliprange_low``/``cliprange_high`` default to ``cliprange``. Returns the tuple
+    ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)`` rather than a metrics dict. Warns
+    (FutureWarning) on every call, as the original does.
+    """
+    warnings.warn("Warning: Function 'verl.trainer.ppo.core_algos.compute_policy_loss' is deprecated. Please use "
+                  "'verl.trainer.ppo.core_algos.compute_policy_loss_vanilla' instead.", FutureWarning, stacklevel=2)
+    if cliprange is None and (cliprange_low is None or cliprange_high is None):
+        raise ValueError("compute_policy_loss needs cliprange (or both cliprange_low and cliprange_high), e.g. 0.2")
+    config = ActorConfig.from_config({
+        "clip_ratio": cliprange if cliprange is not None else cliprange_low,
+        "clip_ratio_low": cliprange_low, "clip_ratio_high": cliprange_high, "clip_ratio_c": clip_ratio_c})
+    pg_loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                                                   config)
+    return pg_loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]
+
+
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                              config=None, rollout_is_weights=None):
@@ -125,6 +160,67 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
     loss, clipped = _clipped_surrogate(ratio, advantages, low, high)
     return _finish(loss, old_log_prob, log_prob, response_mask, "seq-mean-token-mean", config,
                    rollout_is_weights, clipped)
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
+                             config=None, rollout_is_weights=None):
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"): a soft gate instead of a hard clip.
+
+    r = exp(clamp(logp − old, ±20)),  f_τ(r) = (4/τ)·σ(τ·(r − 1)),  L = −f_τ(r)·A,
+    τ = ``tau_pos`` where A > 0 and ``tau_neg`` where A ≤ 0 (actor_rollout_ref.actor.tau_pos/tau_neg).
+    On policy (r = 1) the gradient equals vanilla PPO's (f'(1) = 1); away from r = 1 it fades smoothly,
+    faster for larger τ. Always aggregated with seq-mean-token-mean (``loss_agg_mode`` ignored), as the
+    original. Nothing is clipped: pg_clipfrac and pg_clipfrac_lower are 0.
+    """
+    config = ActorConfig.from_config(config)
+    for name in ("tau_pos", "tau_neg"):
+        if not getattr(config, name) > 0:
+            raise ValueError(f"actor_rollout_ref.actor.{name} must be > 0 for the sapo policy loss (it divides the "
+                             f"gate), got {getattr(config, name)}. The defaults are tau_pos=1.0, tau_neg=1.05")
+    tau = torch.where(advantages > 0, float(config.tau_pos), float(config.tau_neg)).to(advantages.dtype)
+    gate = torch.sigmoid(tau * (_ratio(old_log_prob, log_prob) - 1.0)) * (4.0 / tau)
+    return _finish(-gate * advantages, old_log_prob, log_prob, response_mask, "seq-mean-token-mean", config,
+                   rollout_is_weights)
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, rollout_is_weights=None):
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization"): one ratio per sequence, the geometric
+    mean of its clipped token ratios.
+
+    Per valid token, with ℓ = clamp(logp − old, ±20) and s = sign(A):
+        ℓ̂ = s·min(s·ℓ, s·clip(ℓ, −ε_low, ε_high))   (PPO's pessimistic clip, in log space)
+    per sequence i, means over its valid tokens:  ρ_i = exp(mean ℓ̂),  Ā_i = mean A,  L_i = −Ā_i·ρ_i,
+    and the loss is the mean of L_i over the sequences with a valid token (``loss_agg_mode`` ignored, as
+    the original). ε_low/ε_high are ``clip_ratio_low``/``clip_ratio_high`` (each ``clip_ratio`` when
+    null); the paper uses 0.4 (ratios within [e^−0.4, e^0.4]). ``rollout_is_weights`` enter as their
+    geometric mean over the sequence's valid tokens. pg_clipfrac / pg_clipfrac_lower: share of valid
+    tokens where the clip is active (ℓ̂ ≠ ℓ) with A > 0 / A < 0.
+    """
+    config = ActorConfig.from_config(config)
+    low, high = _clip_bounds(config)
+    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    sign = torch.sign(advantages)
+    clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * log_ratio.clamp(-low, high))
+    mask = response_mask.to(log_ratio.dtype)
+    lengths = mask.sum(dim=-1)
+    has_tokens = lengths > 0
+    seq_ratio = torch.exp((clipped_log_ratio * mask).sum(dim=-1) / lengths.clamp(min=1))
+    seq_adv = (advantages * mask).sum(dim=-1) / lengths.clamp(min=1)
+    seq_loss = -seq_adv * seq_ratio
+    if rollout_is_weights is not None:
+        seq_loss = seq_loss * torch.exp((torch.log(rollout_is_weights + 1e-10) * mask).sum(dim=-1)
+                                        / lengths.clamp(min=1))
+    pg_loss = masked_mean(seq_loss, has_tokens)
+    active = (clipped_log_ratio != log_ratio).detach()
+    metrics = {
+        "pg_clipfrac": masked_mean((active & (advantages > 0)).float(), response_mask),
+        "pg_clipfrac_lower": masked_mean((active & (advantages < 0)).float(), response_mask),
+        "ppo_kl": masked_mean(old_log_prob - log_prob, response_mask),
+    }
+    return pg_loss, {k: v.detach().float() for k, v in metrics.items()}
 
 
 @register_policy_loss("gpg")
@@ -222,16 +318,20 @@ def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask,
 
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                       cliprange_value: float, loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, torch.Tensor]:
+                       cliprange_value: float, loss_agg_mode: str = "token-mean", dp_size: int = 1,
+                       batch_num_tokens: float | None = None, global_batch_size: float | None = None,
+                       loss_scale_factor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: ½·agg(max((v − R)², (clip(v, v_old − c, v_old + c) − R)²)).
 
-    ``values`` are the rollout-time predictions v_old, c = ``cliprange_value``. Returns
-    (vf_loss, vf_clipfrac), the clipfrac being the share of valid tokens where the clipped term is larger.
+    ``values`` are the rollout-time predictions v_old, c = ``cliprange_value``; the last four arguments
+    go to `agg_loss`. Returns (vf_loss, vf_clipfrac), the clipfrac being the share of valid tokens where
+    the clipped term is larger.
     """
     vpreds_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     unclipped = (vpreds - returns).square()
     clipped = (vpreds_clipped - returns).square()
-    vf_loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, loss_scale_factor,
+                             dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
     vf_clipfrac = masked_mean((clipped > unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac.detach()
 

@@ -62,8 +62,15 @@ class ResumableSampler(Sampler[int]):
 
 def create_rl_sampler(data_config, dataset: Dataset) -> ResumableSampler:
     """The training sampler: shuffled per epoch when ``data.shuffle``, with seed ``data.seed`` (``data_config``:
-    a `DataConfig`, or a dict of its keys)."""
+    a `DataConfig`, or a dict of its keys). Epoch 0's order is the original's (``RandomSampler`` over a generator
+    seeded with ``data.seed``). The original's own sampler classes (``data.sampler.class_path``) are not
+    implemented: setting one raises NotImplementedError."""
     data_config = DataConfig.from_config(data_config)
+    class_path = (data_config.sampler or {}).get("class_path")
+    if class_path:
+        raise NotImplementedError(f"data.sampler.class_path={class_path!r}: custom samplers are not implemented in "
+                                  "this verl; remove data.sampler.class_path (data.shuffle and data.seed choose the "
+                                  "built-in sampler's order)")
     return ResumableSampler(len(dataset), shuffle=data_config.shuffle, seed=int(data_config.seed))
 
 

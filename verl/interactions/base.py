@@ -14,13 +14,9 @@ episode:
 - ``finalize_interaction(instance_id)``: free the state.
 
 The turn scores of an episode reach the reward function as ``extra_info["turn_scores"]``. Interactions
-are listed in the YAML file ``multi_turn.interaction_config_path``; a row picks one by
-``extra_info["interaction_kwargs"]["name"]`` (the only one when there is one)::
-
-    interaction:
-      - name: gsm8k
-        class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction
-        config: {}
+are listed in the YAML file ``multi_turn.interaction_config_path`` and loaded by
+:func:`verl.interactions.utils.interaction_registry.initialize_interactions_from_config`; a row picks one
+by ``extra_info["interaction_kwargs"]["name"]`` (the only one when there is one).
 """
 
 from __future__ import annotations
@@ -29,9 +25,7 @@ import uuid
 from abc import ABC, abstractmethod
 from typing import Any
 
-from verl.utils.plugins import import_subclass, yaml_entries
-
-__all__ = ["BaseInteraction", "load_interactions"]
+__all__ = ["BaseInteraction"]
 
 
 class BaseInteraction(ABC):
@@ -39,7 +33,7 @@ class BaseInteraction(ABC):
 
     def __init__(self, config: dict):
         self.config = dict(config or {})
-        self.name = self.config.get("name", type(self).__name__)
+        self.name: str = self.config.get("name", "interaction_agent")  # the registry sets it from the file
         self._instances: dict[str, dict] = {}
 
     async def start_interaction(self, instance_id: str | None = None, **kwargs) -> str:
@@ -58,18 +52,3 @@ class BaseInteraction(ABC):
     async def finalize_interaction(self, instance_id: str, **kwargs) -> None:
         self._instances.pop(instance_id, None)
 
-
-def load_interactions(path: str,
-                      config_key: str = "actor_rollout_ref.rollout.multi_turn.interaction_config_path") -> dict:
-    """``{name: interaction}`` from an interaction config YAML; errors name the file, the entry and the fix."""
-    interactions = {}
-    for where, entry in yaml_entries(path, "interaction", config_key, "verl/interactions/base.py"):
-        class_name = entry.get("class_name")
-        if not class_name:
-            raise ValueError(f"{where}: needs class_name (e.g. verl.interactions.gsm8k_interaction.Gsm8kInteraction)")
-        cls = import_subclass(class_name, BaseInteraction, where)
-        name = str(entry.get("name") or class_name.rpartition(".")[2].removesuffix("Interaction").lower())
-        if name in interactions:
-            raise ValueError(f"{where}: a second interaction named {name!r}")
-        interactions[name] = cls({**(entry.get("config") or {}), "name": name})
-    return interactions

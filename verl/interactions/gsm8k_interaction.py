@@ -1,5 +1,6 @@
-"""A simulated user for GSM8K: it checks the model's last answer (``#### <number>``) against the row's
-ground truth, ends the episode when it is right, and otherwise asks the model to try again."""
+"""A simulated user for GSM8K: it grades the model's last answer as the GSM8K reward does by default
+(``strict``: only a final ``#### <number>`` counts), ends the episode when it is right, and otherwise asks
+the model to reflect and try again. Its turn score is 1.0 for a right answer and 0.0 otherwise."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from verl.rewards.scorers import gsm8k
 
 __all__ = ["Gsm8kInteraction"]
 
-RETRY = "Your answer is not correct. Check your reasoning and try again; end with #### <number>."
+CORRECT = "Your response is correct!"
+RETRY = "Your response is incorrect! You need to reflect on your answer and try again."
 
 
 class Gsm8kInteraction(BaseInteraction):
-    """Needs ``ground_truth`` in the row's ``extra_info["interaction_kwargs"]``; config ``retry_message``."""
+    """Needs ``ground_truth`` in the row's ``extra_info["interaction_kwargs"]``; config ``retry_message``
+    replaces the reply to a wrong answer."""
 
     async def start_interaction(self, instance_id: str | None = None, ground_truth=None, **kwargs) -> str:
         if ground_truth is None:
@@ -22,10 +25,11 @@ class Gsm8kInteraction(BaseInteraction):
     async def generate_response(self, instance_id: str, messages: list[dict],
                                 **kwargs) -> tuple[bool, str, float, dict]:
         answer = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
-        score = gsm8k.compute_score(answer, self._instances[instance_id]["ground_truth"], method="flexible")
+        score = gsm8k.compute_score(answer, self._instances[instance_id]["ground_truth"], method="strict",
+                                    format_score=0.0, score=1.0)
         self._instances[instance_id]["score"] = score
         if score == 1.0:
-            return True, "Your answer is correct.", score, {}
+            return True, CORRECT, score, {}
         return False, str(self.config.get("retry_message", RETRY)), score, {}
 
     async def calculate_score(self, instance_id: str, **kwargs) -> float:

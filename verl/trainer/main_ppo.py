@@ -14,17 +14,44 @@ import errno
 import os
 import sys
 
+from verl.data.sampler import create_rl_sampler
 from verl.trainer.config_validation import checked_config
 from verl.utils import startup
 from verl.utils.logging_utils import configure_logging
+
+__all__ = ["create_rl_dataset", "create_rl_sampler", "load_inputs", "main", "run_ppo"]
+
+
+def create_rl_dataset(data_paths, data_config, tokenizer, processor, is_train: bool = True, max_samples: int = -1):
+    """The prompt dataset of ``data_paths`` (a parquet path or a list of them): an ``RLHFDataset``.
+
+    ``data_config`` is the ``data`` section (a ``DataConfig``, or a dict / OmegaConf node of its keys; the keys it
+    lacks keep ppo_trainer.yaml's defaults); ``processor`` is None for a text-only model. ``max_samples`` >= 0
+    keeps that many rows, drawn with ``data.seed`` when shuffled (``data.shuffle`` for training,
+    ``data.validation_shuffle`` when ``is_train`` is false), else the first ones; -1 keeps all. The original's
+    custom dataset classes (``data.custom_cls``) and generated training data (``data.datagen``) are not
+    implemented: setting one raises NotImplementedError.
+    """
+    import dataclasses
+
+    from verl.data import RLHFDataset
+    from verl.trainer.config.config import DataConfig
+
+    data = DataConfig.from_config(data_config)
+    for key, feature, applies in (("custom_cls", "custom dataset classes", True),
+                                  ("datagen", "dynamic data generation", is_train)):
+        path = (data[key] or {}).get("path")
+        if path and applies:
+            raise NotImplementedError(f"data.{key}.path={path!r}: {feature} are not implemented in this verl; remove "
+                                      f"data.{key}.path to read the parquet files with the built-in RLHFDataset")
+    if not is_train:
+        data = dataclasses.replace(data, shuffle=data.validation_shuffle)
+    return RLHFDataset(data_paths, tokenizer, data, processor=processor, max_samples=max_samples)
 
 
 def load_inputs(config) -> tuple:
     """The tokenizer, the training and validation datasets (None without ``data.val_files``) and the
     training and validation reward functions."""
-    import dataclasses
-
-    from verl.data import RLHFDataset
     from verl.models import load_tokenizer
     from verl.models.vision import load_processor
     from verl.rewards.loading import check_rule_reward_rows, load_reward_manager
@@ -38,11 +65,10 @@ def load_inputs(config) -> tuple:
         processor = load_processor(model.path, trust_remote_code=model.trust_remote_code, tokenizer=tokenizer)
         if processor is not None:
             check_vision_language_run(config, processor)
-        train_dataset = RLHFDataset(data.train_files, tokenizer, data, processor=processor,
-                                    max_samples=data.train_max_samples)
-        val_data = dataclasses.replace(data, shuffle=data.validation_shuffle)
-        val_dataset = (RLHFDataset(data.val_files, tokenizer, val_data, processor=processor,
-                                   max_samples=data.val_max_samples) if data.val_files else None)
+        train_dataset = create_rl_dataset(data.train_files, data, tokenizer, processor,
+                                          max_samples=data.train_max_samples)
+        val_dataset = (create_rl_dataset(data.val_files, data, tokenizer, processor, is_train=False,
+                                         max_samples=data.val_max_samples) if data.val_files else None)
         check_rule_reward_rows(train_dataset, config, "data.train_files")
         if val_dataset is not None:
             check_rule_reward_rows(val_dataset, config, "data.val_files")

@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 import difflib
+import logging
 from typing import Any
 
 __all__ = ["Registry", "as_name"]
+
+logger = logging.getLogger(__name__)
 
 
 def as_name(name: Any) -> str:
@@ -18,25 +21,35 @@ def as_name(name: Any) -> str:
     return value
 
 
+def _describe(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
 class Registry(dict):
     """A dict of name -> implementation, filled by the :meth:`register` decorator.
 
     ``kind`` says what is registered ("advantage estimator"), ``key`` the config key that picks it;
-    both go into the error messages."""
+    both go into the error messages. A subclass may reword the two errors (:meth:`unknown_message`,
+    :meth:`duplicate_message`) or, with ``replaces = True``, let a second registration of a name
+    replace the first (with a warning) instead of raising."""
+
+    replaces = False
 
     def __init__(self, kind: str, key: str | None = None):
         super().__init__()
         self.kind, self.key = kind, key
 
     def register(self, name: Any):
-        """Decorator adding a function or class under ``name``; a second, different one is an error."""
+        """Decorator adding a function or class under ``name``. Registering the same object again is
+        fine (a module reload); a different one raises ValueError, or replaces it when ``replaces``."""
         key = as_name(name)
 
         def decorator(obj):
             existing = dict.get(self, key)
             if existing is not None and existing is not obj:
-                raise ValueError(f"{self.kind} {key!r} is already registered to "
-                                 f"{existing.__module__}.{existing.__qualname__}; pick another name")
+                if not self.replaces:
+                    raise ValueError(self.duplicate_message(key, existing, obj))
+                logger.warning("%s %r: %s replaces %s", self.kind, key, _describe(obj), _describe(existing))
             self[key] = obj
             return obj
 
@@ -46,11 +59,25 @@ class Registry(dict):
         return sorted(self)
 
     def lookup(self, name: Any):
-        """The implementation under ``name``; a ValueError naming the registered ones otherwise."""
+        """The implementation under ``name``; a ValueError (:meth:`unknown_message`) otherwise."""
         key = as_name(name)
         if key in self:
             return self[key]
+        raise ValueError(self.unknown_message(key))
+
+    def choices_hint(self, key: str) -> str:
+        """``a, b (set by <config key>). Did you mean 'a'?``: the registered names, for an unknown ``key``."""
+        return f"{', '.join(self.names())}{self.where()}.{self.did_you_mean(key)}"
+
+    def where(self) -> str:
+        return f" (set by {self.key})" if self.key else ""
+
+    def did_you_mean(self, key: str) -> str:
         guess = difflib.get_close_matches(key, self.names(), n=1, cutoff=0.6)
-        hint = f" Did you mean {guess[0]!r}?" if guess else ""
-        where = f" (set by {self.key})" if self.key else ""
-        raise ValueError(f"unknown {self.kind} {key!r}; registered: {', '.join(self.names())}{where}.{hint}")
+        return f" Did you mean {guess[0]!r}?" if guess else ""
+
+    def unknown_message(self, key: str) -> str:
+        return f"unknown {self.kind} {key!r}; registered: {self.choices_hint(key)}"
+
+    def duplicate_message(self, key: str, existing: Any, new: Any) -> str:
+        return f"{self.kind} {key!r} is already registered to {_describe(existing)}; pick another name"

@@ -221,12 +221,14 @@ class WandbLogger:
         self.wandb.finish(exit_code=0)
 
 
-_MLFLOW_INVALID = re.compile(r"[^0-9A-Za-z_\-. /]")
+_MLFLOW_INVALID = re.compile(r"[^/\w.\- :]")  # MLflow's metric names: word characters, / . - : and space
+_REPEATED_SLASHES = re.compile(r"/{2,}")
 
 
 def sanitize_mlflow_key(key: str) -> str:
-    """MLflow accepts letters, digits, ``_ - . / `` and space: ``@`` becomes ``_at_``, anything else ``_``."""
-    return _MLFLOW_INVALID.sub("_", key.replace("@", "_at_"))
+    """The metric name MLflow accepts for ``key``: ``@`` becomes ``_at_``, repeated slashes one slash (MLflow
+    stores names as file paths), and any character other than a word character, ``/ . - :`` or space ``_``."""
+    return _MLFLOW_INVALID.sub("_", _REPEATED_SLASHES.sub("/", key.replace("@", "_at_")))
 
 
 def _flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -246,11 +248,21 @@ class MlflowLogger:
         self.mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:////tmp/mlruns.db"))
         self.mlflow.set_experiment(project_name)
         self.mlflow.start_run(run_name=experiment_name)
+        self._names: dict[str, str] = {}  # metric key -> the name MLflow gets
         if config:
             self.mlflow.log_params(_flatten_params(config))
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
-        self.mlflow.log_metrics({sanitize_mlflow_key(k): v for k, v in _numeric_items(data)}, step=step)
+        self.mlflow.log_metrics({self._metric_name(k): v for k, v in _numeric_items(data)}, step=step)
+
+    def _metric_name(self, key: str) -> str:
+        """`sanitize_mlflow_key`, with a warning the first time a key is renamed."""
+        if key not in self._names:
+            self._names[key] = sanitize_mlflow_key(key)
+            if self._names[key] != key:
+                logger.warning("[MLflow] metric %r is logged as %r: MLflow does not accept its characters",
+                                key, self._names[key])
+        return self._names[key]
 
     def finish(self) -> None:
         self.mlflow.end_run()

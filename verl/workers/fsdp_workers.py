@@ -16,6 +16,7 @@ moves them to ``self.device`` and returns its result on the CPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import random
@@ -26,17 +27,20 @@ import numpy as np
 import torch
 
 from verl.checkpoint_engine import WeightSyncGroup, apply_weights, drain
-from verl.interactions.base import load_interactions
+from verl.interactions.utils.interaction_registry import initialize_interactions_from_config as load_interactions
 from verl.models import load_causal_lm, load_tokenizer, load_value_model
 from verl.models.lora import LoraSettings, adapters_disabled, apply_lora, lora_config_dict, merge_into_gathered_weights
 from verl.models.vision import vision_tower
 from verl.protocol import DataProto
 from verl.rewards.model import compute_rm_scores, load_reward_model, same_tokenizer
 from verl.single_controller import Dispatch, Worker, register
+from verl.single_controller.profiling import DistProfilerExtension
 from verl.single_controller.worker import NODE_IP_ENV, free_port
 from verl.tools.base import load_tools
 from verl.utils import startup
 from verl.utils.debug import memory_usage
+from verl.utils.profiler.config import ProfilerConfig
+from verl.utils.profiler.profile import DistProfiler
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, RewardModelConfig
 from verl.workers.config.batching import critic_batching, policy_batching, reward_model_batching
@@ -83,13 +87,17 @@ def _freeze_vision_tower(model: torch.nn.Module, path: str) -> None:
     tower.requires_grad_(False)
 
 
-class _RoleWorker(Worker):
+class _RoleWorker(Worker, DistProfilerExtension):
     """What the three roles share: the collective timeout (``actor_rollout_ref.nccl_timeout``; colocated
-    roles share one process group, and the first role of a process to join sets it)."""
+    roles share one process group, and the first role of a process to join sets it), and the profiler the driver
+    starts and stops around the steps ``global_profiler.steps`` lists (``start_profile``/``stop_profile``)."""
 
     def __init__(self, nccl_timeout_s: float | None = None):
         super().__init__()
         self.nccl_timeout_s = float(ActorRolloutRefConfig.nccl_timeout if nccl_timeout_s is None else nccl_timeout_s)
+
+    def _init_profiler(self, config: ProfilerConfig, role: str) -> None:
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, config, save_file_prefix=role))
 
     def _start_init(self, model_config: ModelConfig) -> str:
         self.init_process_group(timeout_s=self.nccl_timeout_s)
@@ -119,6 +127,9 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
+        self._init_profiler(functools.reduce(ProfilerConfig.union, [
+            section.profiler for section, used in ((config.actor, self._is_actor), (config.rollout, self._is_rollout),
+                                                   (config.ref, self._is_ref)) if used]), role)
         self.tokenizer = self.actor_engine = self.actor = self.rollout = self.ref_engine = self.ref_policy = None
         self.rollout_module: torch.nn.Module | None = None  # a rollout's own copy of the model (role "rollout")
         self.lora: LoraSettings | None = None
@@ -201,6 +212,7 @@ class ActorRolloutRefWorker(_RoleWorker):
             self._ref_batching = batching.ref_log_prob
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="rollout_generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """``rollout.n`` responses per prompt (interleaved rows); ``meta_info`` (``validate``, ``n``,
         ``do_sample``, ``temperature``, ...) overrides the rollout config for this call."""
@@ -285,6 +297,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         self.rollout.serve().stage_weights(version, lambda: apply_weights(self.rollout_module, tensors))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="actor_compute_log_prob")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` and ``entropys`` (B, R) of the actor at ``meta_info['temperature']``
         (default ``rollout.temperature``)."""
@@ -298,6 +311,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         return DataProto(batch={"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="ref_compute_log_prob")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` (B, R) of the reference policy, at the same temperature as the actor's."""
         self._require(self._is_ref, "reference policy", "compute_ref_log_prob")
@@ -311,6 +325,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         return DataProto(batch={"ref_log_prob": log_probs.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="actor_update")
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO epochs over the batch, then one LR-scheduler step (one per training step, as verl).
         Returns no rows; ``meta_info['metrics']`` holds the metric lists (see
@@ -354,6 +369,7 @@ class CriticWorker(_RoleWorker):
         super().__init__(nccl_timeout_s)
         config = CriticConfig.from_config(config)
         self.config = config if rollout_n is None else dataclasses.replace(config, rollout_n=int(rollout_n))
+        self._init_profiler(self.config.profiler, "critic")
         self.tokenizer = self.engine = self.critic = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -387,6 +403,7 @@ class CriticWorker(_RoleWorker):
             raise RuntimeError(f"CriticWorker.{method}() called before init_model()")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="compute_values")
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` (B, R): the value head at the positions that predict each response token (raw,
         not masked: the driver masks with ``response_mask``)."""
@@ -398,6 +415,7 @@ class CriticWorker(_RoleWorker):
         return DataProto(batch={"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="critic_update")
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss epochs, then one LR-scheduler step. No rows; ``meta_info['metrics']``."""
         self._check_ready("update_critic")
@@ -423,17 +441,20 @@ class CriticWorker(_RoleWorker):
 
 
 class RewardModelWorker(_RoleWorker):
-    """A frozen sequence-classifier reward model on one device; ``config`` is the ``reward_model`` section.
+    """A frozen reward model on one device; ``config`` is the ``reward_model`` section.
 
-    When ``model.input_tokenizer`` (the policy's tokenizer) differs from the reward model's own (vocabulary
-    or chat template), rows are re-encoded from ``raw_prompt`` + the decoded response; otherwise the
-    policy's token ids are scored as they are.
+    A sequence classifier (``compute_rm_score``): when ``model.input_tokenizer`` (the policy's tokenizer) differs
+    from the reward model's own (vocabulary or chat template), rows are re-encoded from ``raw_prompt`` + the decoded
+    response; otherwise the policy's token ids are scored as they are. With ``generative`` it is a judge LLM instead
+    (``generate_sequences``, with the ``reward_model.rollout`` engine; :mod:`verl.rewards.generative`).
     """
 
-    def __init__(self, config: RewardModelConfig, nccl_timeout_s: float | None = None):
+    def __init__(self, config: RewardModelConfig, nccl_timeout_s: float | None = None, generative: bool = False):
         super().__init__(nccl_timeout_s)
         self.config = RewardModelConfig.from_config(config)
-        self.engine = self.rm_tokenizer = self.input_tokenizer = None
+        self._init_profiler(self.config.profiler, "reward_model")
+        self.engine = self.rm_tokenizer = self.input_tokenizer = self.rollout = None
+        self.generative = generative
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -448,6 +469,14 @@ class RewardModelWorker(_RoleWorker):
         fsdp_config = model_config.fsdp_config
         dtype = mixed_precision_policy(fsdp_config, self.device).param_dtype  # frozen: no fp32 master copy
         self.remove_padding = model_config.use_remove_padding
+        if self.generative:
+            with startup.WORKER.phase("rm model load"):
+                model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                       override_config=model_config.override_config)
+            with startup.WORKER.phase("rm fsdp"):
+                self.engine = FSDPEngine(model, fsdp_config=fsdp_config, optim_config=None, device=self.device)
+            self.rollout = get_rollout_class(config.rollout.name)(config.rollout, self.engine.module, self.rm_tokenizer)
+            return
         with startup.WORKER.phase("rm model load"):
             model = load_reward_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
                                       override_config=model_config.override_config, remove_padding=self.remove_padding)
@@ -456,10 +485,12 @@ class RewardModelWorker(_RoleWorker):
         self._batching = reward_model_batching(config, self.world_size)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(role="compute_rm_score")
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): the score of prompt + valid response at the last valid response token."""
-        if self.engine is None:
-            raise RuntimeError("RewardModelWorker.compute_rm_score() called before init_model()")
+        if self.engine is None or self.generative:
+            raise RuntimeError("RewardModelWorker.compute_rm_score() needs a sequence-classifier reward model "
+                               "(generative=False) and init_model() first")
         data = data.to(self.device)
         micro, budget = self._batching
         with self.engine.on_device():
@@ -467,3 +498,16 @@ class RewardModelWorker(_RoleWorker):
                                        src_tokenizer=self.input_tokenizer, rm_tokenizer=self.rm_tokenizer,
                                        max_length=self.config.max_length, remove_padding=self.remove_padding)
         return DataProto(batch={"rm_scores": scores.cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """The judge's responses to left-padded prompts (a generative reward model), sampled as ``meta_info`` says
+        (see :func:`~verl.workers.rollout.base.resolve_sampling_params`)."""
+        if self.rollout is None:
+            raise RuntimeError("RewardModelWorker.generate_sequences() needs a generative reward model (built with "
+                               "generative=True) and init_model() first")
+        prompts = prompts.to(self.device)
+        with self.engine.gathered_params():
+            output = self.rollout.generate_sequences(prompts)
+        output.batch.pop("rollout_log_probs", None)
+        return output.to("cpu")

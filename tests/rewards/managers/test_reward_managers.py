@@ -45,10 +45,10 @@ def test_registry_lists_the_managers():
     assert get_reward_manager_cls("naive") is NaiveRewardManager
     assert get_reward_manager_cls("batch") is BatchRewardManager
     assert get_reward_manager_cls("dapo") is DAPORewardManager
-    with pytest.raises(ValueError, match=r"unknown reward manager 'nope'; registered: batch, dapo, naive, prime.*"
+    with pytest.raises(ValueError, match=r"Unknown reward manager: nope\. Registered: batch, dapo, naive, prime.*"
                                          r"reward_model.reward_manager"):
         get_reward_manager_cls("nope")
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="has already been registered"):
         register("naive")(type("Other", (), {}))
 
 

@@ -585,7 +585,8 @@ def test_sandbox_fusion_keys_say_code_runs_in_the_local_sandbox(caplog):
 
 def test_multi_turn_mistakes_stop_before_any_worker(tmp_path):
     mt = "actor_rollout_ref.rollout.multi_turn"
-    message = problems(f"{mt}.enable=true", f"{mt}.tool_config_path={tmp_path}/tools.yaml",
+    message = problems(f"{mt}.enable=true", "data.return_raw_chat=false",
+                       f"{mt}.tool_config_path={tmp_path}/tools.yaml",
                        f"{mt}.interaction_config_path=x.yaml", f"{mt}.max_assistant_turns=0")
     assert "- data.return_raw_chat: must be True with actor_rollout_ref.rollout.multi_turn.enable=true" in message
     assert f"- {mt}.tool_config_path: {mt}.tool_config_path='{tmp_path}/tools.yaml': no such file" in message
@@ -638,9 +639,10 @@ RC = "algorithm.rollout_correction"
 
 
 @pytest.mark.parametrize("overrides, key, expected", [
-    ([f"{RC}.rollout_is=token"], "actor_rollout_ref.rollout.calculate_log_probs",
-     "rollout_is needs the rollout's own log-probs"),
-    ([f"{RC}.bypass_mode=true"], "actor_rollout_ref.rollout.calculate_log_probs", "bypass_mode needs"),
+    ([f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "actor_rollout_ref.rollout.calculate_log_probs", "rollout_is needs the rollout's own log-probs"),
+    ([f"{RC}.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "actor_rollout_ref.rollout.calculate_log_probs", "bypass_mode needs"),
     ([f"{RC}.rollout_is=tokens", "actor_rollout_ref.rollout.calculate_log_probs=true"], f"{RC}.rollout_is", "token"),
     ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0", "actor_rollout_ref.rollout.calculate_log_probs=true"],
      f"{RC}.rollout_is_threshold", "must be a number > 0"),

@@ -183,27 +183,27 @@ def test_code_interpreter_runs_in_the_sandbox():
 
 
 def test_gsm8k_interaction_checks_answers_by_hand():
-    from verl.interactions.gsm8k_interaction import RETRY, Gsm8kInteraction
+    from verl.interactions.gsm8k_interaction import CORRECT, RETRY, Gsm8kInteraction
 
     user = Gsm8kInteraction({})
     instance = asyncio.run(user.start_interaction(ground_truth="72"))
     ask = lambda text: asyncio.run(user.generate_response(instance, [{"role": "assistant", "content": text}]))  # noqa: E731
     assert ask("so it is #### 71") == (False, RETRY, 0.0, {})
-    assert ask("I get 72 in the end, #### 72") == (True, "Your answer is correct.", 1.0, {})
+    assert ask("I get 72 in the end, #### 72") == (True, CORRECT, 1.0, {})
     assert asyncio.run(user.calculate_score(instance)) == 1.0
     with pytest.raises(ValueError, match=r"needs extra_info\['interaction_kwargs'\]\['ground_truth'\]"):
         asyncio.run(user.start_interaction())
 
 
 def test_a_simulated_user_asks_again_until_the_answer_is_right(tiny_tokenizer, tmp_path):
-    from verl.interactions.base import load_interactions
+    from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
 
     config = tmp_path / "users.yaml"
     config.write_text("interaction:\n  - name: gsm8k\n"
                       "    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n"
                       "    config: {retry_message: Wrong. Try again.}\n")
     engine = ScriptedRollout(tiny_tokenizer, ["I think #### 41", FINAL, FINAL])
-    agent = ToolAgentLoop(engine, tiny_tokenizer, {}, {}, load_interactions(str(config)))
+    agent = ToolAgentLoop(engine, tiny_tokenizer, {}, {}, initialize_interactions_from_config(str(config)))
     batch = prompts(tiny_tokenizer, rows=2, n=2)
     batch.non_tensor_batch["extra_info"] = np.array(
         [{"interaction_kwargs": {"name": "gsm8k", "ground_truth": "42"}},

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from verl.rewards.managers.abstract import AbstractRewardManager
 from verl.rewards.managers.registry import register
 from verl.rewards.scorers import default_compute_score
 
@@ -112,7 +113,7 @@ def split_result(result, index: int, where: str = "the scoring function") -> tup
 
 
 @register("naive")
-class NaiveRewardManager:
+class NaiveRewardManager(AbstractRewardManager):
     """Scores each sample with ``compute_score(data_source, solution_str, ground_truth, extra_info)``.
 
     The reward sits on the last valid response token; all other tokens get 0. A response with no

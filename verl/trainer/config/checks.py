@@ -250,15 +250,24 @@ _REGISTERED_KEYS = (
 
 
 def check_registered_names(run: Run) -> Iterator[Issue]:
-    """Advantage estimator, policy loss and reward manager name something registered (imported lazily)."""
+    """Advantage estimator, policy loss and reward manager name something registered (imported lazily). A reward
+    manager may be registered by the custom reward file, which is imported to look for it (as the run will)."""
+    from verl.rewards.loading import find_reward_manager_cls
+
+    custom_reward_path = run.get("custom_reward_function.path")
+    lookups = {"reward_model.reward_manager": lambda name: find_reward_manager_cls(name, custom_reward_path)}
     for key, what, lookup, names in _REGISTERED_KEYS:
         value = run.get(key)
         if value is None:
             continue
         try:
-            lookup(value)
+            lookups.get(key, lookup)(value)
         except (KeyError, ValueError):
             yield _not_in(key, value, tuple(names()), what)
+        except (ImportError, OSError) as e:  # a missing file is check_required's error
+            if os.path.isfile(str(custom_reward_path)):
+                yield error("custom_reward_function.path", f"{key}={value!r} is not a built-in {what}, and the "
+                                                           f"file that may register it cannot be imported: {e}")
 
 
 def check_kl_estimators(run: Run) -> Iterator[Issue]:

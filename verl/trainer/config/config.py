@@ -47,6 +47,7 @@ class DataConfig(BaseConfig):
     truncation: str
     image_key: str
     video_key: str
+    image_patch_size: int  # not read: the model's image processor sets it
     trust_remote_code: bool
     return_multi_modal_inputs: bool
     apply_chat_template_kwargs: dict

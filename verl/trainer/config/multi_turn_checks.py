@@ -32,7 +32,7 @@ def check_multi_turn(run: Run) -> Iterator[Issue]:
             yield error(f"{MT}.{key}", f"must be a positive integer (or null for no limit), got {value!r}")
     if run.get(f"{MT}.tool_response_truncate_side") not in ("left", "right", "middle"):
         yield error(f"{MT}.tool_response_truncate_side", "must be left, right or middle")
-    from verl.interactions.base import load_interactions
+    from verl.interactions.utils.interaction_registry import initialize_interactions_from_config as load_interactions
     from verl.tools.base import load_tools
 
     for key, load in (("tool_config_path", load_tools), ("interaction_config_path", load_interactions)):

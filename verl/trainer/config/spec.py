@@ -19,6 +19,7 @@ from typing import Any
 
 from verl.trainer.config.algorithm import AlgoConfig
 from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig, TrainerConfig
+from verl.utils.profiler.config import GlobalProfilerConfig
 from verl.workers.config import ActorRolloutRefConfig, CriticConfig, RewardModelConfig, RolloutConfig
 from verl.workers.config.batching import CriticBatching, PolicyBatching, critic_batching, policy_batching
 
@@ -28,7 +29,7 @@ __all__ = ["RunSpec", "need_critic", "need_reference_policy", "pool_layout", "re
 SECTIONS: dict[str, type] = {
     "data": DataConfig, "actor_rollout_ref": ActorRolloutRefConfig, "critic": CriticConfig,
     "reward_model": RewardModelConfig, "custom_reward_function": CustomRewardFunctionConfig,
-    "algorithm": AlgoConfig, "trainer": TrainerConfig,
+    "algorithm": AlgoConfig, "trainer": TrainerConfig, "global_profiler": GlobalProfilerConfig,
 }
 
 
@@ -75,6 +76,7 @@ class RunSpec:
     custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgoConfig
     trainer: TrainerConfig
+    global_profiler: GlobalProfilerConfig
     ray_kwargs: dict
     use_critic: bool
     use_reference_policy: bool

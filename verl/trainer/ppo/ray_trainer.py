@@ -28,6 +28,8 @@ from omegaconf import OmegaConf, open_dict
 from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller, rollout_correction
 from verl.data import create_rl_sampler, make_dataloader
 from verl.protocol import DataProto, object_array
+from verl.rewards.generative import GenerativeReward, uses_generative_reward
+from verl.rewards.loading import compute_reward
 from verl.trainer.config.spec import prompts_per_round, resolve_run
 from verl.trainer.ppo import checkpointing
 from verl.trainer.ppo.async_rollout import AsyncRollout
@@ -36,18 +38,12 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.roles import WorkerGroups
 from verl.trainer.ppo.validation import dump_generations, validate
-from verl.utils.debug import simple_timer
+from verl.utils.profiler import marked_timer
 from verl.utils.flops_counter import FlopsCounter
 from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
 from verl.utils.tracking import Tracking
 
 logger = logging.getLogger(__name__)
-
-
-def compute_reward(batch: DataProto, reward_fn) -> tuple[torch.Tensor, dict[str, list]]:
-    """Token-level scores (B, R) and the per-sample extra info the reward function returned."""
-    result = reward_fn(batch, return_dict=True)
-    return result["reward_tensor"], result.get("reward_extra_info", {})
 
 
 class DynamicSamplingError(RuntimeError):
@@ -95,6 +91,9 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Start the worker groups (Ray actors or in-process) and load every model."""
         self.workers = WorkerGroups.create(self.spec)
+        for reward_fn in (self.reward_fn, self.val_reward_fn):
+            if isinstance(reward_fn, GenerativeReward):  # the judge's requests go to the reward-model workers
+                reward_fn.router.attach(self.workers.rm.generate_sequences)
         from verl.models.loader import load_hf_config
 
         models = {"actor": self.spec.actor_rollout_ref.model}
@@ -119,6 +118,9 @@ class RayPPOTrainer:
         return "unknown device"
 
     def shutdown(self) -> None:
+        for reward_fn in (self.reward_fn, self.val_reward_fn):
+            if isinstance(reward_fn, GenerativeReward):
+                reward_fn.close()
         if self.workers is not None:
             self.workers.shutdown()
             self.workers = None
@@ -197,19 +199,19 @@ class RayPPOTrainer:
         groups, rollout = self.workers, self.spec.actor_rollout_ref.rollout
         prompts = DataProto.from_single_dict(batch_dict, meta_info={"global_steps": self.global_steps})
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        with simple_timer("gen", timing_raw):
+        with marked_timer("gen", timing_raw):
             batch = groups.actor_rollout.generate_sequences(prompts)
         if self.spec.algorithm.adv_estimator == "remax":
-            with simple_timer("gen_max", timing_raw):
+            with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
-        with simple_timer("reward", timing_raw):
+        with marked_timer("reward", timing_raw):
             return self._score(batch)
 
     def _score(self, batch: DataProto) -> DataProto:
         """``token_level_scores`` of finished rows (model reward first, when used), and the reward's extra info."""
-        if self.use_rm:
+        if self.use_rm and not uses_generative_reward(self.spec.reward_model, self.spec.custom_reward_function):
             batch = batch.union(self.workers.rm.compute_rm_score(batch))
-        scores, extra_info = compute_reward(batch, self.reward_fn)
+        scores, extra_info = compute_reward(batch, self.reward_fn)  # a generative judge is asked from inside
         batch.non_tensor_batch.update({k: object_array(v) for k, v in extra_info.items()})
         batch.batch["token_level_scores"] = scores
         return batch
@@ -342,7 +344,9 @@ class RayPPOTrainer:
         config, groups = self.spec, self.workers
         metrics: dict = {}
         timing_raw: dict = {}
-        with simple_timer("step", timing_raw):
+        with marked_timer("start_profile", timing_raw):
+            self._profile("start_profile", config.global_profiler.starts_at(self.global_steps))
+        with marked_timer("step", timing_raw):
             if self.rollouts is not None:
                 self._reward_s = 0.0
                 batch, async_metrics, timing_raw["gen"] = self.rollouts.next_batch(self.policy_version)
@@ -365,28 +369,28 @@ class RayPPOTrainer:
             if correction.bypass_mode:  # the rollout's log-probs are the old policy's: no pass to compute them
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             elif not fused_old_log_prob:
-                with simple_timer("old_log_prob", timing_raw):
+                with marked_timer("old_log_prob", timing_raw):
                     batch = self._add_old_log_probs(batch, groups.actor_rollout.compute_log_prob(batch), metrics)
                 if "rollout_log_probs" in batch.batch:
                     self._correct_for_rollout(batch, correction, metrics)
             if self.use_reference_policy:
-                with simple_timer("ref", timing_raw):
+                with marked_timer("ref", timing_raw):
                     batch = batch.union(groups.actor_rollout.compute_ref_log_prob(batch))
             if self.use_critic:
-                with simple_timer("values", timing_raw):
+                with marked_timer("values", timing_raw):
                     batch = batch.union(groups.critic.compute_values(batch))
-            with simple_timer("adv", timing_raw):
+            with marked_timer("adv", timing_raw):
                 self._compute_advantage(batch, scores, metrics)
 
             if self.use_critic:
-                with simple_timer("update_critic", timing_raw):
+                with marked_timer("update_critic", timing_raw):
                     metrics.update(reduce_metrics(groups.critic.update_critic(batch).meta_info["metrics"]))
             if update_actor:
-                with simple_timer("update_actor", timing_raw):
+                with marked_timer("update_actor", timing_raw):
                     output = groups.actor_rollout.update_actor(batch)
                 self.policy_version += 1
                 if config.separate_rollout:
-                    with simple_timer("update_weights", timing_raw):
+                    with marked_timer("update_weights", timing_raw):
                         metrics.update(self._send_weights())
                 if fused_old_log_prob:
                     batch = self._add_old_log_probs(batch, output, metrics)
@@ -400,12 +404,14 @@ class RayPPOTrainer:
         is_last_step = self.global_steps >= self.total_training_steps
         test_freq = config.trainer.test_freq
         if self.val_dataset is not None and test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0):
-            with simple_timer("testing", timing_raw):
+            with marked_timer("testing", timing_raw):
                 metrics.update(self._validate())
         save_freq = config.trainer.save_freq
         if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
-            with simple_timer("save_checkpoint", timing_raw):
+            with marked_timer("save_checkpoint", timing_raw):
                 self._save_checkpoint()
+        with marked_timer("stop_profile", timing_raw):
+            self._profile("stop_profile", config.global_profiler.stops_at(self.global_steps, last=is_last_step))
 
         metrics.update({"training/global_step": self.global_steps, "training/epoch": self.train_sampler.epoch})
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
@@ -413,6 +419,17 @@ class RayPPOTrainer:
         metrics.update(compute_throughout_metrics(batch, timing_raw, n_gpus=self.n_devices))
         metrics.update(self._mfu(batch, timing_raw))
         return metrics
+
+    def _profile(self, method: str, now: bool) -> None:
+        """``start_profile``/``stop_profile`` on every worker group, around the steps ``global_profiler.steps``
+        lists; each role's own ``profiler`` section says whether it records and on which ranks."""
+        if not now:
+            return
+        groups = self.workers
+        separate = groups.rollout if groups.rollout is not groups.actor_rollout else None
+        for group in (groups.actor_rollout, separate, groups.critic, groups.rm):
+            if group is not None:
+                getattr(group, method)(profile_step=self.global_steps)
 
     def _validate(self) -> dict:
         return validate(self.spec, self.workers.rollout, self.val_dataset, self.val_reward_fn,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from verl.rewards.generative import uses_generative_reward
 from verl.single_controller import ClassWithInitArgs
 from verl.trainer.config.spec import RunSpec
 from verl.utils import startup
@@ -50,7 +51,9 @@ class WorkerGroups:
         if spec.use_critic:
             roles["critic"] = ClassWithInitArgs(CriticWorker, config=spec.critic, nccl_timeout_s=timeout)
         if spec.use_rm:
-            roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=spec.reward_model, nccl_timeout_s=timeout)
+            generative = uses_generative_reward(spec.reward_model, spec.custom_reward_function)
+            roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=spec.reward_model, nccl_timeout_s=timeout,
+                                            generative=generative)
         with startup.DRIVER.phase("workers"):
             groups, hosts, pools = start_groups(spec.trainer, spec.ray_kwargs, {
                 name: (layout, {r: c for r, c in roles.items() if spec.role_pool[r] == name})

@@ -7,6 +7,7 @@ from typing import Any
 from verl.base_config import BaseConfig, section
 from verl.trainer.config.algorithm import RolloutCorrectionConfig
 from verl.trainer.config.config import CheckpointConfig
+from verl.utils.profiler.config import ProfilerConfig
 from verl.workers.config.engine import FSDPConfig
 from verl.workers.config.model import ModelConfig
 from verl.workers.config.optimizer import OptimConfig
@@ -46,10 +47,14 @@ class ActorConfig(BaseConfig):
     clip_ratio_low: float | None  # null: clip_ratio
     clip_ratio_high: float | None
     clip_ratio_c: float
+    tau_pos: float  # the sapo policy loss's gate temperature where A > 0
+    tau_neg: float  # ... and where A <= 0
     loss_agg_mode: str
     loss_scale_factor: float | None
     entropy_coeff: float
     calculate_entropy: bool
+    calculate_sum_pi_squared: bool  # not read (unused_keys.py warns)
+    use_prefix_grouper: bool  # not read (unused_keys.py warns)
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: str
@@ -62,6 +67,14 @@ class ActorConfig(BaseConfig):
     checkpoint: CheckpointConfig
     optim: OptimConfig
     fsdp_config: FSDPConfig
+    profiler: ProfilerConfig
+
+    @property
+    def global_batch_info(self) -> dict:
+        """The `agg_loss` keywords a policy loss written for the original passes (``**config.global_batch_info``).
+        Only ``loss_scale_factor``: here the actor weighs each micro-batch's loss by its share of the mini-batch,
+        so a loss normalises over its own micro-batch."""
+        return {"loss_scale_factor": self.loss_scale_factor}
 
 
 FSDPActorConfig = ActorConfig  # the original's name
@@ -81,6 +94,7 @@ class RefConfig(BaseConfig):
     entropy_checkpointing: bool
     use_torch_compile: bool
     fsdp_config: FSDPConfig
+    profiler: ProfilerConfig
 
 
 @section("actor_rollout_ref")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from verl.base_config import BaseConfig, section
 from verl.trainer.config.config import CheckpointConfig
+from verl.utils.profiler.config import ProfilerConfig
 from verl.workers.config.model import ModelConfig
 from verl.workers.config.optimizer import OptimConfig
 
@@ -37,8 +38,10 @@ class CriticConfig(BaseConfig):
     cliprange_value: float
     loss_agg_mode: str
     ulysses_sequence_parallel_size: int
+    fsdp: dict  # not read: the critic's FSDP settings are model.fsdp_config
     use_torch_compile: bool
     checkpoint: CheckpointConfig
+    profiler: ProfilerConfig
 
 
 FSDPCriticConfig = CriticConfig  # the original's name

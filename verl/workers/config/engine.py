@@ -9,8 +9,9 @@ __all__ = ["FSDPConfig", "FSDPEngineConfig"]
 
 @section("actor_rollout_ref.actor.fsdp_config", shared=True)
 class FSDPConfig(BaseConfig):
-    """FSDP2 settings. The reference's group has only wrap_policy, param_offload, reshard_after_forward,
-    forward_prefetch and the dtypes; another field set there is reported as an unknown key."""
+    """FSDP2 settings. The reference's group has only wrap_policy, the offloads, reshard_after_forward,
+    forward_prefetch, the dtypes and two accepted keys of the original; another field set there is reported as
+    an unknown key."""
 
     wrap_policy: dict
     param_offload: bool
@@ -22,6 +23,11 @@ class FSDPConfig(BaseConfig):
     model_dtype: str
     dtype: str | None
     mixed_precision: dict | None
+    # The original's keys that have no effect here (unused_keys.py warns when one is set):
+    use_orig_params: bool
+    ulysses_sequence_parallel_size: int
+    entropy_from_logits_with_chunking: bool
+    entropy_checkpointing: bool
 
 
 FSDPEngineConfig = FSDPConfig  # the original's name

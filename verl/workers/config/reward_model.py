@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from verl.base_config import BaseConfig, section
+from verl.utils.profiler.config import ProfilerConfig
 from verl.workers.config.model import ModelConfig
+from verl.workers.config.rollout import RolloutConfig
 
 __all__ = ["OverlongBufferConfig", "RewardModelConfig"]
 
@@ -22,7 +24,11 @@ class OverlongBufferConfig(BaseConfig):
 
 @section("reward_model")
 class RewardModelConfig(BaseConfig):
-    """Giving ``model=ModelConfig(path=...)`` without `enable` turns the reward model on (enable=true)."""
+    """Giving ``model=ModelConfig(path=...)`` without `enable` turns the reward model on (enable=true).
+
+    ``use_reward_loop``, ``num_workers`` and ``rollout`` (the judge's engine, a `RolloutConfig` whose keys missing
+    under ``reward_model.rollout`` keep the policy rollout's defaults) serve a generative reward model; see
+    :mod:`verl.rewards.generative`."""
 
     enable: bool
     model: ModelConfig
@@ -40,6 +46,10 @@ class RewardModelConfig(BaseConfig):
     launch_reward_fn_async: bool
     sandbox_fusion: dict
     overlong_buffer: OverlongBufferConfig
+    profiler: ProfilerConfig
+    use_reward_loop: bool
+    num_workers: int
+    rollout: RolloutConfig
 
     def to_overrides(self, prefix: str | None = None) -> dict[str, Any]:
         prefix = prefix or self.PREFIX

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl.base_config import BaseConfig, section
+from verl.utils.profiler.config import ProfilerConfig
 
 __all__ = ["CheckpointEngineConfig", "MultiTurnConfig", "RolloutConfig", "SamplingConfig"]
 
@@ -84,5 +85,12 @@ class RolloutConfig(BaseConfig):
     layered_summon: bool
     disable_log_stats: bool
     engine_kwargs: dict
+    # The original's keys that have no effect here (unused_keys.py warns when one is set):
+    cudagraph_capture_sizes: list | None
+    multi_stage_wake_up: bool
+    over_sample_rate: float
+    data_parallel_size: int
+    trace: dict
     val_kwargs: SamplingConfig
     multi_turn: MultiTurnConfig
+    profiler: ProfilerConfig

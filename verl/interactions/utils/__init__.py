@@ -1,0 +1,1 @@
+"""Loading the interactions a multi-turn run declares (``verl.interactions.utils.interaction_registry``)."""
