@@ -90,6 +90,7 @@ def generate(config) -> str:
     from verl.models import load_tokenizer
     from verl.protocol import DataProto
     from verl.single_controller import ClassWithInitArgs
+    from verl.trainer.config.spec import worker_backend
     from verl.trainer.ppo.roles import start_groups
     from verl.utils.fs import atomic_write
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
@@ -107,6 +108,7 @@ def generate(config) -> str:
     roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=ppo.actor_rollout_ref, role="rollout",
                                                 nccl_timeout_s=ppo.actor_rollout_ref.nccl_timeout)}
     trainer = ppo.trainer
+    trainer.backend = worker_backend(lambda key: OmegaConf.select(ppo, key))
     groups, _, pools = start_groups(trainer, ppo.ray_kwargs, {
         "generation_pool": ([trainer.n_gpus_per_node] * trainer.nnodes, roles)})
     group = groups["actor_rollout"]

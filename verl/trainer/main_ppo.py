@@ -95,10 +95,13 @@ def run_ppo(config) -> dict:
     """Run a validated config to the end; returns the last step's metrics."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config.spec import worker_backend
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     configure_logging()
-    if config.trainer.backend == "local":
+    if worker_backend(lambda key: OmegaConf.select(config, key)) == "local":
         inputs = load_inputs(config)
     else:  # Ray's start is mostly waiting for its processes: read the data meanwhile
         from verl.single_controller.ray import init_ray

@@ -91,7 +91,7 @@ def test_our_defaults_that_the_trainer_relies_on():
     config = compose_ppo_config([])
     assert config.actor_rollout_ref.rollout.name == "native"
     assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
-    assert config.trainer.backend == "ray"
+    assert config.trainer.backend == "auto"
     assert config.trainer.device == "cuda"
     assert config.ray_kwargs.ray_init.num_cpus is None
     assert config.ray_kwargs.timeline_json_file is None
@@ -297,8 +297,10 @@ def test_vllm_installed_still_has_no_adapter(monkeypatch):
 
 def test_ray_backend_without_ray(monkeypatch):
     monkeypatch.setattr(checks, "_module_available", lambda name: False)
-    assert "trainer.backend=local" in problems()
+    assert "trainer.backend=local" in problems("trainer.backend=ray", "trainer.n_gpus_per_node=1")
+    assert "auto picks Ray for more than one worker" in problems("trainer.n_gpus_per_node=2")
     validate("trainer.backend=local")
+    validate("trainer.n_gpus_per_node=1")  # auto: one worker runs in this process, no Ray needed
 
 
 def test_local_backend_is_single_node():

@@ -13,7 +13,7 @@ import verl
 from verl.base_config import BaseConfig, yaml_defaults
 from verl.trainer.config import AlgoConfig, KLControlConfig, TrainerConfig
 from verl.trainer.config.compose import compose_ppo_config
-from verl.trainer.config.spec import need_critic, need_reference_policy, resolve_run
+from verl.trainer.config.spec import need_critic, need_reference_policy, resolve_run, worker_backend
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import (
     ActorConfig,
@@ -58,7 +58,10 @@ def test_every_yaml_default_reaches_the_spec():
         assert _extras(getattr(spec, section)) == [], f"{section}: yaml keys without a field"
     checked = 0
     for key, value in _leaves({k: defaults[k] for k in sections}):
-        assert _read(spec, key) == value, key
+        if key == "trainer.backend":  # resolved: auto picks Ray for the default 8 devices
+            assert (value, _read(spec, key)) == ("auto", "ray")
+        else:
+            assert _read(spec, key) == value, key
         checked += 1
     assert spec.ray_kwargs == defaults["ray_kwargs"]
     assert checked > 250  # the whole yaml, not a sample of it
@@ -136,6 +139,22 @@ def test_resolve_run_derives_once_and_leaves_the_config_alone():
     assert spec.policy_batching.update == (None, 32768)
     assert spec.critic_batching.mini_batch_size == 4 * 3 // 2
     assert not spec.old_log_prob_in_update  # mini batch 4 < train batch 8: two optimizer steps
+
+
+@pytest.mark.parametrize("overrides, backend", [
+    ([], "ray"),                                                    # 2 nodes x 2 devices
+    (["trainer.nnodes=1", "trainer.n_gpus_per_node=1"], "local"),  # one worker
+    (["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "critic.enable_resource_pool=true"], "ray"),
+    (["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "reward_model.enable_resource_pool=true"], "ray"),
+    (["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.v1.trainer_mode=separate_async"], "ray"),
+    (["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "+ray_kwargs.ray_init.address=auto"], "ray"),
+    (["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.backend=ray"], "ray"),  # asked for: kept
+    (["trainer.backend=local"], "local"),  # asked for (check_backend refuses it with 2 nodes)
+])
+def test_auto_backend_is_local_for_one_worker_only(overrides, backend):
+    config = run_config(*overrides)
+    assert worker_backend(lambda key: OmegaConf.select(config, key)) == backend
+    assert resolve_run(config, choose_checkpointing=False, choose_engine=False).trainer.backend == backend
 
 
 def test_a_set_total_wins_and_a_too_small_set_names_the_key():

@@ -26,7 +26,7 @@ from verl.algorithms import (
 from verl.base_config import BaseConfig, at
 from verl.rewards.managers import get_reward_manager_cls, registered_reward_managers
 from verl.trainer.config.compose import dotted_keys
-from verl.trainer.config.spec import RunSpec, need_critic, need_reference_policy
+from verl.trainer.config.spec import RunSpec, need_critic, need_reference_policy, worker_backend
 from verl.utils.tracking import BACKEND_PACKAGES, BACKENDS
 from verl.workers.rollout.registry import check_rollout_name
 
@@ -49,7 +49,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.pf_ppo.reweight_method": ("pow", "max_min", "max_random"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.device": ("cuda", "cpu"),
-    "trainer.backend": ("ray", "local"),
+    "trainer.backend": ("auto", "ray", "local"),
     f"{AR}.model.fused_kernel_options.impl_backend": ("torch", "triton"),
 }
 
@@ -167,17 +167,26 @@ def _type_of(value: Any) -> type:
 
 
 @functools.cache
-def declared_types(key: str, root: Any = RunSpec) -> tuple[tuple[type, ...], bool] | None:
-    """``(types, nullable)`` the typed config sections under ``root`` declare for dotted ``key`` (a nested group
-    counts as a dict), or None for a key they do not type (inside a free-form dict such as override_config)."""
+def declared_hint(key: str, root: Any = RunSpec) -> Any:
+    """The type hint the typed config sections under ``root`` declare for dotted ``key`` (``root`` itself for
+    ``""``), or None for a key they do not type (inside a free-form dict such as override_config)."""
     hint = root
-    for part in key.split("."):
+    for part in key.split(".") if key else ():
         options = typing.get_args(hint) or (hint,)
         owner = next((t for t in options if dataclasses.is_dataclass(t)
                       and part in {f.name for f in dataclasses.fields(t)}), None)
         if owner is None:
             return None
         hint = typing.get_type_hints(owner)[part]
+    return hint
+
+
+def declared_types(key: str, root: Any = RunSpec) -> tuple[tuple[type, ...], bool] | None:
+    """``(types, nullable)`` the typed config sections under ``root`` declare for dotted ``key`` (a nested group
+    counts as a dict), or None for a key they do not type (inside a free-form dict such as override_config)."""
+    hint = declared_hint(key, root)
+    if hint is None:
+        return None
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     declared = tuple(dict.fromkeys(dict if isinstance(t, type) and issubclass(t, BaseConfig)
                                    else typing.get_origin(t) or t for t in options if t is not type(None)))
@@ -316,8 +325,9 @@ def check_loggers(run: Run) -> Iterator[Issue]:
 def check_backend(run: Run) -> Iterator[Issue]:
     """The worker backend can start: Ray installed (and a sound CPU count) for backend=ray, one node for local."""
     backend, nnodes = run.get("trainer.backend"), run.get("trainer.nnodes")
-    if backend == "ray" and not _module_available("ray"):
-        yield error("trainer.backend", "'ray' needs the ray package, which is not installed. Install it (pip "
+    if backend in CHOICES["trainer.backend"] and worker_backend(run.get) == "ray" and not _module_available("ray"):
+        chosen = "" if backend == "ray" else " (auto picks Ray for more than one worker)"
+        yield error("trainer.backend", f"'ray'{chosen} needs the ray package, which is not installed. Install it (pip "
                                        "install 'ray[default]'), or set trainer.backend=local to run in one process")
     num_cpus = run.get("ray_kwargs.ray_init.num_cpus")
     if num_cpus is not None and not _positive_int(num_cpus):

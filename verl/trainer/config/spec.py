@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from verl.trainer.config.algorithm import AlgoConfig
@@ -41,6 +42,23 @@ def need_critic(enable: bool | None, adv_estimator: str) -> bool:
 def need_reference_policy(use_kl_in_reward: bool, use_kl_loss: bool) -> bool:
     """A frozen reference policy is needed for KL, in the reward or as a loss."""
     return bool(use_kl_in_reward) or bool(use_kl_loss)
+
+
+def worker_backend(get: Callable[[str], Any]) -> str:
+    """The backend a run's workers use: ``trainer.backend`` (``get``: the value of a dotted key), with ``auto``
+    resolved. ``auto`` runs the workers in the driver's process (``local``) when the whole run is one worker:
+    one node of one device (``trainer.nnodes=1``, ``trainer.n_gpus_per_node=1``), no role on devices of its own
+    (``critic``/``reward_model.enable_resource_pool``, ``separate_async``'s rollout pool) and no Ray cluster to
+    join (``ray_kwargs.ray_init.address``); otherwise Ray. One process has nothing to schedule, and skipping
+    Ray's start and a worker process's imports takes about 13 s off the first step on a GPU
+    (docs/benchmarks.md)."""
+    backend = get("trainer.backend")
+    if backend != "auto":
+        return backend
+    one_worker = (get("trainer.nnodes") == 1 and get("trainer.n_gpus_per_node") == 1
+                  and not get("critic.enable_resource_pool") and not get("reward_model.enable_resource_pool")
+                  and get("trainer.v1.trainer_mode") != "separate_async" and not get("ray_kwargs.ray_init.address"))
+    return "local" if one_worker else "ray"
 
 
 def pool_layout(trainer: TrainerConfig, critic: CriticConfig, reward_model: RewardModelConfig, *, use_critic: bool,
@@ -181,6 +199,12 @@ def resolve_run(config: Any, *, train_size: int | None = None, choose_checkpoint
         from omegaconf import OmegaConf
 
         ray_kwargs = OmegaConf.to_container(ray_kwargs, resolve=True)
+    resolved = {"trainer.backend": trainer.backend, "trainer.nnodes": trainer.nnodes,
+                "trainer.n_gpus_per_node": trainer.n_gpus_per_node, "trainer.v1.trainer_mode": trainer.v1.trainer_mode,
+                "critic.enable_resource_pool": critic.enable_resource_pool,
+                "reward_model.enable_resource_pool": section["reward_model"].enable_resource_pool,
+                "ray_kwargs.ray_init.address": (ray_kwargs.get("ray_init") or {}).get("address")}
+    section["trainer"] = dataclasses.replace(trainer, backend=worker_backend(resolved.__getitem__))
     spec = RunSpec(
         **{**section, "actor_rollout_ref": policy, "critic": critic}, ray_kwargs=dict(ray_kwargs),
         use_critic=use_critic, use_reference_policy=use_reference_policy, use_rm=use_rm, pools=pools,

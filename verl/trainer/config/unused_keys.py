@@ -4,15 +4,13 @@ to a section that has no such setting. Each is reported when set, never silently
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import typing
 from collections.abc import Iterator, Mapping
 
 from verl.base_config import BaseConfig
-from verl.trainer.config.checks import ACTOR, AR, REF, ROLLOUT, Issue, Run, _format, error, warn
+from verl.trainer.config.checks import ACTOR, AR, REF, ROLLOUT, Issue, Run, _format, declared_hint, error, warn
 from verl.trainer.config.compose import closest_key, dotted_keys
-from verl.trainer.config.spec import RunSpec
 from verl.workers.rollout.registry import ignored_config_keys
 
 _IGNORED_KEY_REASONS = dict.fromkeys(("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -194,13 +192,6 @@ def _added_keys(values: Mapping, defaults: Mapping, prefix: str = "") -> Iterato
 @functools.cache
 def _is_typed_group(key: str) -> bool:
     """Whether ``key`` is a typed config section (a `BaseConfig` of the run spec), not a free-form dict."""
-    hint: typing.Any = RunSpec
-    for part in key.split(".") if key else ():
-        options = typing.get_args(hint) or (hint,)
-        owner = next((t for t in options if dataclasses.is_dataclass(t)
-                      and part in {f.name for f in dataclasses.fields(t)}), None)
-        if owner is None:
-            return False
-        hint = typing.get_type_hints(owner)[part]
+    hint = declared_hint(key)
     options = typing.get_args(hint) or (hint,)
     return any(isinstance(t, type) and issubclass(t, BaseConfig) for t in options)
