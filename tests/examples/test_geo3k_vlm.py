@@ -1,5 +1,6 @@
 """Vision-language GRPO end to end: the geo3k preprocessing script on a generated fixture, then the original's
-Qwen2.5-VL geo3k command line, scaled down to a tiny random Qwen2.5-VL on CPU (local backend)."""
+Qwen2.5-VL geo3k command line, scaled down to a tiny random Qwen2.5-VL on CPU (local backend, and one step
+on two Ray workers)."""
 
 import json
 import math
@@ -31,6 +32,7 @@ def geo3k(tmp_path_factory, tiny_tokenizer_dir):
                     ["geo3k.py", "--local_dataset_path", root / "raw", "--local_dir", root / "data"]):
         subprocess.run([sys.executable, str(SCRIPTS / command[0]), *map(str, command[1:])], cwd=REPO, check=True,
                        capture_output=True)
+    (root / "varied_reward.py").write_text(VARIED_REWARD)
     return {"train": str(root / "data" / "train.parquet"), "test": str(root / "data" / "test.parquet"),
             "model": save_tiny_qwen2_5_vl(str(root / "model"), tiny_tokenizer_dir), "root": root}
 
@@ -78,7 +80,6 @@ def command(geo3k, run_dir, *extra):
 
 @pytest.mark.slow
 def test_geo3k_grpo_with_a_tiny_qwen2_5_vl(geo3k, tmp_path, monkeypatch, capsys):
-    (geo3k["root"] / "varied_reward.py").write_text(VARIED_REWARD)
     metrics_file = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_file))
     assert main(command(geo3k, tmp_path)) == 0
@@ -94,6 +95,23 @@ def test_geo3k_grpo_with_a_tiny_qwen2_5_vl(geo3k, tmp_path, monkeypatch, capsys)
     assert any(k.startswith("val-core/hiyouga/geometry3k/") for k in records[-1]["data"])
 
 
+@pytest.mark.slow
+def test_geo3k_grpo_on_two_ray_workers(geo3k, tmp_path, monkeypatch, ray_session):
+    """The batch is split over two Ray actors: each rank's rows carry their pixels (multi_modal_inputs) and 3-row
+    M-RoPE positions across the process boundary, into generate and the packed actor forward alike."""
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_file))
+    assert main(command(geo3k, tmp_path, "trainer.backend=ray", "trainer.n_gpus_per_node=2",
+                        "trainer.total_training_steps=1", "trainer.test_freq=-1")) == 0
+    [record] = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    data = record["data"]
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean"):
+        assert math.isfinite(data[key]), (key, data[key])
+    # The same fp32 weights and inputs on each rank: the actor's log-probs are generate's, up to rounding.
+    assert data["training/rollout_probs_diff_max"] < 1e-5
+    assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 2)
+
+
 def test_asynchronous_vision_language_run_is_refused(geo3k, tmp_path, capsys):
     assert main(command(geo3k, tmp_path, "trainer.v1.trainer_mode=colocate_async")) == 1
     err = capsys.readouterr().err
@@ -106,3 +124,15 @@ def test_text_model_refuses_image_data(geo3k, tiny_qwen2_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "train.parquet, row 0, column 'images' (data.image_key)" in err
     assert "actor_rollout_ref.model.path is a text-only model" in err
+
+
+def test_rows_with_videos_stop_the_run_before_any_worker(geo3k, tmp_path, capsys):
+    frame = pd.read_parquet(geo3k["train"])
+    frame["videos"] = [[] for _ in range(len(frame))]
+    frame.at[1, "videos"] = [{"path": "clip.mp4"}]
+    frame.to_parquet(tmp_path / "with_videos.parquet")
+    assert main(command(geo3k, tmp_path, f"data.train_files={tmp_path / 'with_videos.parquet'}")) == 1
+    err = capsys.readouterr().err
+    assert f"Cannot start: {tmp_path / 'with_videos.parquet'}, row 1, column 'videos' (data.video_key)" in err
+    assert "does not support video inputs" in err
+    assert not (tmp_path / "checkpoints").exists()

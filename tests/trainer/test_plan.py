@@ -133,3 +133,17 @@ def test_lora_adapter_shrinks_gradients_and_optimizer_and_drops_reference_weight
     assert lora["actor"]["optimizer (AdamW moments)"] == 8192 * 8
     assert lora["actor"]["weights (sharded master)"] == full["actor"]["weights (sharded master)"] + 8192 * 4
     assert lora["reference"]["weights (bf16, sharded)"] == 0 < full["reference"]["weights (bf16, sharded)"]
+
+
+def test_shape_of_a_vision_language_model_counts_its_vision_tower(tmp_path, tiny_tokenizer_dir):
+    """A Qwen2.5-VL folder is built with the class the loader uses (AutoModelForCausalLM has none for it): its
+    parameters include the vision tower, its layers are the language model's."""
+    import transformers
+
+    from tests.models.vlm_models import save_tiny_qwen2_5_vl
+
+    path = save_tiny_qwen2_5_vl(str(tmp_path / "vlm"), tiny_tokenizer_dir)
+    shape = plan_module.model_shape(path, config_key="actor_rollout_ref.model.path")
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    assert shape.layers == model.config.text_config.num_hidden_layers

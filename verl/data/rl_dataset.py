@@ -8,7 +8,8 @@ With a vision-language model's processor (:mod:`verl.models.vision`) rows carry 
 ``data.image_key`` (a list of ``{"bytes": ...}`` or ``{"path": ...}`` dicts, as the original's geo3k
 preprocessing writes them), each placed where the prompt says ``<image>``. A sample then also holds
 ``multi_modal_data`` (``{"image": [PIL images]}``), ``multi_modal_inputs`` (``pixel_values``,
-``image_grid_thw``) and M-RoPE ``position_ids`` (3, max_prompt_length), as the original's do.
+``image_grid_thw``) and M-RoPE ``position_ids`` (3, max_prompt_length), as the original's do. Videos are not
+supported: a row whose ``data.video_key`` column holds any is refused, with any model.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class RLHFDataset(Dataset):
         self.processor = None if processor is None else as_vision_processor(processor, tokenizer)
         config = DataConfig.from_config(config)
         self.prompt_key, self.reward_fn_key, self.image_key = config.prompt_key, config.reward_fn_key, config.image_key
+        self.video_key = config.video_key
         self.max_prompt_length, self.truncation = int(config.max_prompt_length), config.truncation
         self.filter_overlong_prompts = config.filter_overlong_prompts
         self.return_raw_chat, self.return_full_prompt = config.return_raw_chat, config.return_full_prompt
@@ -219,18 +221,32 @@ class RLHFDataset(Dataset):
             raise DatasetError(f"{self._where(row)}: {err}") from None
         return self._render(_with_image_items(messages) if self.processor is not None else messages, row)
 
-    def _check_no_images(self, file_idx: int, rows: list[int], start: int) -> None:
-        """A text model cannot take the images a row carries: stop at the first such row."""
+    def _first_filled(self, file_idx: int, rows: list[int], start: int, column: str) -> int | None:
+        """The first of ``rows`` (global numbers) whose ``column`` cell is not empty (None, [] or ""), as a row within
+        its file; None when the file has no such column or every cell is empty."""
         table = self._tables[file_idx]
-        if self.image_key not in table.column_names:
-            return
-        images = table.column(self.image_key).to_pylist()
-        for row in rows:
-            if images[row - start]:
-                raise DatasetError(f"{self.data_files[file_idx]}, row {row - start}, column '{self.image_key}' "
-                                   "(data.image_key) holds images, but actor_rollout_ref.model.path is a text-only "
-                                   "model (no vision tower, no image processor). Use a vision-language model such "
-                                   "as Qwen2.5-VL, or drop the images in preprocessing.")
+        if column not in table.column_names:
+            return None
+        cells = table.column(column).to_pylist()
+        return next((row - start for row in rows if cells[row - start]), None)
+
+    def _check_media(self, file_idx: int, rows: list[int], start: int) -> None:
+        """Stop at the first row whose media the model would never see: videos (no model here reads them), and
+        images for a text-only model."""
+        path = self.data_files[file_idx]
+        row = self._first_filled(file_idx, rows, start, self.video_key)
+        if row is not None:
+            raise DatasetError(f"{path}, row {row}, column '{self.video_key}' (data.video_key) holds videos, but this "
+                               "verl does not support video inputs (only images, data.image_key). Drop the column or "
+                               "empty its lists in preprocessing (or turn videos into frames in data.image_key); to "
+                               "train on these prompts without their videos, set data.video_key to a name that no "
+                               "column has (the prompts' '<video>' marks then stay plain text).")
+        row = None if self.processor is not None else self._first_filled(file_idx, rows, start, self.image_key)
+        if row is not None:
+            raise DatasetError(f"{path}, row {row}, column '{self.image_key}' (data.image_key) holds images, but "
+                               "actor_rollout_ref.model.path is a text-only model (no vision tower, no image "
+                               "processor). Use a vision-language model such as Qwen2.5-VL, or drop the images in "
+                               "preprocessing.")
 
     def _load_images(self, value: Any, file_idx: int, local: int) -> list:
         """The PIL images of one row's ``data.image_key`` cell, RGB."""
@@ -277,9 +293,8 @@ class RLHFDataset(Dataset):
             if not rows:
                 continue
             prompts = table.column(self.prompt_key).to_pylist()
-            if self.processor is None:
-                self._check_no_images(file_idx, rows, start)
-            else:
+            self._check_media(file_idx, rows, start)
+            if self.processor is not None:
                 images = table.column(self.image_key).to_pylist()
             for begin in range(0, len(rows), _TOKENIZE_CHUNK):
                 batch_rows = rows[begin : begin + _TOKENIZE_CHUNK]

@@ -4,7 +4,8 @@
         --local_dir checkpoints/<project>/<experiment>/global_step_N/actor --target_dir ./my_model
 
 The result loads with ``AutoModelForCausalLM.from_pretrained("./my_model")`` (or
-``AutoModelForTokenClassification`` for a critic) and gives the same outputs as the trained model.
+``AutoModelForTokenClassification`` for a critic) and gives the same outputs as the trained model. A
+vision-language model's folder also holds its processor files (``AutoProcessor.from_pretrained("./my_model")``).
 """
 
 from verl.model_merger.fsdp import compare_with_hf, merge_fsdp_checkpoint

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 
 import torch
 
+from verl.models.vision import is_vision_language
 from verl.workers.engine.checkpoint import HF_DIR, load_full_model_state_dict, read_fsdp_config
+
+logger = logging.getLogger(__name__)
 
 # Files of the huggingface/ folder that describe the model rather than the tokenizer.
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
@@ -34,7 +38,8 @@ def _empty_model(config, trust_remote_code: bool):
 def merge_fsdp_checkpoint(local_dir: str, target_dir: str, *, dtype: str | None = None,
                           trust_remote_code: bool = False, overwrite: bool = False, merge_lora: bool = False,
                           base_model: str | None = None) -> str:
-    """Write ``target_dir`` (safetensors weights, config, tokenizer) from the checkpoint in ``local_dir``.
+    """Write ``target_dir`` (safetensors weights, config, tokenizer, a vision-language model's processor files) from
+    the checkpoint in ``local_dir``.
 
     ``dtype`` (e.g. ``bfloat16``) converts the weights; by default they keep the training master dtype.
     A LoRA checkpoint (its shards hold the adapter only) becomes a PEFT adapter folder, or with
@@ -73,10 +78,15 @@ def merge_fsdp_checkpoint(local_dir: str, target_dir: str, *, dtype: str | None 
             write_adapter_folder(staging, state, lora_config)
         else:
             _empty_model(config, trust_remote_code).save_pretrained(staging, state_dict=state)
-        for name in os.listdir(hf_dir):  # the tokenizer files saved beside the config
+        for name in os.listdir(hf_dir):  # the tokenizer (and a vision-language model's processor) files
             source = os.path.join(hf_dir, name)
             if name not in _MODEL_FILES and os.path.isfile(source):
                 shutil.copy2(source, os.path.join(staging, name))
+        if is_vision_language(config) and not os.path.isfile(os.path.join(staging, "preprocessor_config.json")):
+            logger.warning("%s has no preprocessor_config.json (a checkpoint written before checkpoints carried the "
+                           "processor): %s loads as a model but not with AutoProcessor; copy preprocessor_config.json "
+                           "and any chat_template.json / processor_config.json from the model folder the run started "
+                           "from (actor_rollout_ref.model.path) into it", hf_dir, target_dir)
         if os.path.exists(target_dir):
             shutil.rmtree(target_dir)
         os.replace(staging, target_dir)

@@ -131,14 +131,16 @@ def meta_model_with_adapter(hf_config, settings: LoraSettings, *, value_head: bo
     """The model ``hf_config`` describes, built on the meta device (no memory, no weights read), with
     the adapter injected: raises (naming the key) when it cannot be. For checks and estimates before any
     worker starts; the saved factors of ``settings.adapter_path`` are not read."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
+
+    from verl.models.vision import causal_lm_class
 
     with torch.device("meta"):
         if value_head:
             hf_config.num_labels = 1
             model = AutoModelForTokenClassification.from_config(hf_config)
         else:
-            model = AutoModelForCausalLM.from_config(hf_config)
+            model = causal_lm_class(hf_config).from_config(hf_config)
     _inject(model, settings, value_head)
     return model
 

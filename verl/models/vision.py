@@ -23,15 +23,38 @@ from typing import Any
 
 import torch
 
-__all__ = ["VisionProcessor", "is_vision_language", "load_processor", "multi_modal_batch", "rope_index",
-           "vision_tower"]
+__all__ = ["VisionProcessor", "copy_processor_files", "is_vision_language", "load_processor", "multi_modal_batch",
+           "rope_index", "vision_tower"]
 
 IMAGE_PLACEHOLDER = "<image>"
+
+# What AutoProcessor reads besides the tokenizer's files; preprocessor_config.json marks a folder that has a processor.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                   "chat_template.json", "chat_template.jinja")
 
 
 def is_vision_language(config) -> bool:
     """Whether a transformers config is a vision-language model's (it has a vision tower)."""
     return getattr(config, "vision_config", None) is not None
+
+
+def placeholder_token_ids(config) -> list[int]:
+    """The tokens that only the processor may write (a vision-language model's image/video placeholders and the
+    vision-start mark): a response that held one would make the model look for image features it has not got
+    (transformers raises "Image features and image tokens do not match"), so generation never samples them.
+    Empty for a text model."""
+    if not is_vision_language(config):
+        return []
+    names = ("image_token_id", "video_token_id", "vision_start_token_id")
+    return sorted({int(v) for v in (getattr(config, n, None) for n in names) if v is not None})
+
+
+def causal_lm_class(config):
+    """The transformers auto class that builds the generating model of ``config``: ``AutoModelForImageTextToText``
+    for a vision-language model (its language model with the vision tower), else ``AutoModelForCausalLM``."""
+    import transformers
+
+    return transformers.AutoModelForImageTextToText if is_vision_language(config) else transformers.AutoModelForCausalLM
 
 
 @dataclass
@@ -87,6 +110,28 @@ def load_processor(path: str, *, config_key: str = "actor_rollout_ref.model.path
                          "are supported as vision-language models.")
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     return VisionProcessor(tokenizer=tokenizer, image_processor=image_processor, config=config)
+
+
+def copy_processor_files(source: str, target: str) -> list[str]:
+    """Copy the processor files (:data:`PROCESSOR_FILES`) of the model folder ``source`` that ``target`` lacks into
+    ``target``, each written under a temporary name and renamed, so that ``AutoProcessor.from_pretrained(target)``
+    loads what ``source`` would. Files already in ``target`` are kept: a chat template the tokenizer saved there is
+    the one it was trained with (``custom_chat_template`` included). Nothing is copied from a folder without
+    ``preprocessor_config.json`` (a text model's). Returns the names copied."""
+    import shutil
+
+    from verl.utils.fs import atomic_write
+
+    if not os.path.isfile(os.path.join(source, "preprocessor_config.json")):
+        return []
+    copied = []
+    for name in PROCESSOR_FILES:
+        origin, destination = os.path.join(source, name), os.path.join(target, name)
+        if os.path.isfile(origin) and not os.path.exists(destination):
+            with open(origin, "rb") as src, atomic_write(destination) as dst:
+                shutil.copyfileobj(src, dst)
+            copied.append(name)
+    return copied
 
 
 def as_vision_processor(processor, tokenizer) -> VisionProcessor:

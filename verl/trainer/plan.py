@@ -101,15 +101,15 @@ def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, 
                 value_head: bool = False) -> ModelShape:
     """Counts the parameters of the model at ``path`` on the meta device (nothing is allocated)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from verl.models.loader import load_hf_config
+    from verl.models.vision import causal_lm_class
 
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key=config_key)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = causal_lm_class(config).from_config(config, trust_remote_code=trust_remote_code)
     params = sum(p.numel() for p in model.parameters())
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)

@@ -6,7 +6,8 @@ One folder per role and step, e.g. ``checkpoints/p/e/global_step_N/actor/``::
     optim_world_size_{W}_rank_{r}.pt        # "optimizer": this rank's AdamW state
     extra_state_world_size_{W}_rank_{r}.pt  # "extra": LR scheduler state and RNG states
     fsdp_config.json                        # {"FSDP_version": 2, "world_size": W} (rank 0)
-    huggingface/                            # config.json, generation_config.json, tokenizer (rank 0);
+    huggingface/                            # config.json, generation_config.json, tokenizer, a vision-language
+                                            #   model's processor files (rank 0);
                                             #   with "hf_model" also the full model as safetensors
                                             #   (a LoRA run: the PEFT adapter folder files instead)
 
@@ -41,6 +42,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from verl.models.vision import copy_processor_files
 from verl.utils.fs import atomic_torch_save, atomic_write
 
 logger = logging.getLogger(__name__)
@@ -142,7 +144,8 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _write_hf_folder(engine, local_path: str, tokenizer, full_state: dict | None) -> None:
-    """Rank 0: config, generation config, tokenizer and (if given) the full weights into huggingface/."""
+    """Rank 0: config, generation config, tokenizer, a vision-language model's processor files and (if given) the
+    full weights into huggingface/."""
     target = os.path.join(local_path, HF_DIR)
     os.makedirs(target, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".huggingface.", dir=local_path)
@@ -168,6 +171,9 @@ def _write_hf_folder(engine, local_path: str, tokenizer, full_state: dict | None
 
                 tokenizer = AutoTokenizer.from_pretrained(tokenizer)
             tokenizer.save_pretrained(staging)
+        source = config.name_or_path  # the folder the weights were loaded from
+        if source and os.path.isdir(source):  # a vision-language model's processor, for AutoProcessor
+            copy_processor_files(source, staging)
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(target, name))
     finally:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper,
-                          TopKLogitsWarper, TopPLogitsWarper)
+from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, SuppressTokensLogitsProcessor,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from verl.models.logprob import call_as_forward
-from verl.models.vision import multi_modal_batch
+from verl.models.vision import multi_modal_batch, placeholder_token_ids
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
@@ -169,6 +169,9 @@ class HFRollout(BaseRollout):
                 processors.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
+        placeholders = placeholder_token_ids(self.module.config)
+        if placeholders:  # after the recorder: the log-probs stay the model's own, as the trainer computes them
+            processors.append(SuppressTokensLogitsProcessor(placeholders, device=input_ids.device))
         generation_config = GenerationConfig(
             max_new_tokens=params.response_length, num_beams=1, num_return_sequences=1, use_cache=True,
             eos_token_id=list(params.eos_token_ids) or None, pad_token_id=params.pad_token_id, **sampling)
