@@ -61,23 +61,8 @@ def prepare(out: str, quick: bool) -> dict:
                             "intermediate_size": 4864})
     model = build_tiny_causal_lm(os.path.join(out, "model"), tokenizer_dir, arch="qwen2", vocab_size=151936,
                                  tie_word_embeddings=True, **shape)
-    prompts, lengths, cursor = [], [], 0
-    target = 48 if quick else PROMPT_TOKENS
-    for _ in range(8 if quick else PROMPTS):
-        text = ""
-        while True:  # add questions while the templated prompt stays within the target
-            candidate = (text + " " + questions[cursor % len(questions)]).strip()
-            n = len(tokenizer.apply_chat_template([{"role": "user", "content": candidate}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=True)["input_ids"])
-            if n > target and text:
-                break
-            text, length, cursor = candidate, n, cursor + 1
-        prompts.append(text)
-        lengths.append(length)
-    rows = [{"data_source": "peer_bench", "prompt": [{"role": "user", "content": p}], "ability": "bench",
-             "reward_model": {"style": "rule", "ground_truth": ""}, "extra_info": {"index": i}}
-            for i, p in enumerate(prompts)]
-    pd.DataFrame(rows).to_parquet(os.path.join(out, "train.parquet"))
+    prompts, lengths = pack_questions(tokenizer, questions, 8 if quick else PROMPTS, 48 if quick else PROMPT_TOKENS)
+    write_prompts(prompts, "peer_bench", os.path.join(out, "train.parquet"))
     with open(os.path.join(out, "prompts.json"), "w") as f:
         json.dump(prompts, f)
     with open(os.path.join(out, "reward.py"), "w") as f:
@@ -146,6 +131,34 @@ def planned_gib(out: str, quick: bool, max_prompt: int, overrides: list[str], de
     from bench.ppo_step import planned_peak_gib
 
     return planned_peak_gib(ours_command(out, 1, quick, max_prompt, overrides), device_gib)
+
+
+def pack_questions(tokenizer, questions: list[str], count: int, target: int) -> tuple[list[str], list[int]]:
+    """``count`` prompts, each of consecutive ``questions`` (cycled) added while the chat-templated prompt stays
+    within ``target`` tokens (one question at least), and their lengths in tokens."""
+    prompts, lengths, cursor = [], [], 0
+    for _ in range(count):
+        text, length = "", 0
+        while True:
+            candidate = (text + " " + questions[cursor % len(questions)]).strip()
+            n = len(tokenizer.apply_chat_template([{"role": "user", "content": candidate}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=True)["input_ids"])
+            if n > target and text:
+                break
+            text, length, cursor = candidate, n, cursor + 1
+        prompts.append(text)
+        lengths.append(length)
+    return prompts, lengths
+
+
+def write_prompts(prompts: list[str], data_source: str, path: str) -> None:
+    """The prompts as a training parquet (verl's schema; an empty ground truth for the benchmark's reward)."""
+    import pandas as pd
+
+    rows = [{"data_source": data_source, "prompt": [{"role": "user", "content": p}], "ability": "bench",
+             "reward_model": {"style": "rule", "ground_truth": ""}, "extra_info": {"index": i}}
+            for i, p in enumerate(prompts)]
+    pd.DataFrame(rows).to_parquet(path)
 
 
 def ours_command(out: str, steps: int, quick: bool, max_prompt: int, overrides: list[str]) -> list[str]:
