@@ -113,6 +113,74 @@ def test_discrete_mode_writes_one_trace_per_stage(tmp_path):
     assert "aten::mm" not in names(tmp_path / "critic-compute_values_step5_rank0.json.gz")
 
 
+class Updater:
+    """A role whose update runs one optimizer step per mini-batch, the mini-batches named mb0, mb1, ..."""
+
+    def __init__(self, config):
+        self.profiler = DistProfiler(0, config, save_file_prefix="actor")
+        self.model = torch.nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    @DistProfiler.annotate(role="rollout_generate")
+    def generate(self):
+        return torch.ones(3, 3).exp()
+
+    @DistProfiler.annotate(role="actor_update")
+    def update(self, mini_batches):
+        for i in range(mini_batches):
+            with torch.profiler.record_function(f"mb{i}"):
+                self.model(torch.ones(2, 4)).sum().backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+
+
+def scheduled_step(tmp_path, schedule, discrete=False, mini_batches=4):
+    role = Updater(profiler_config(tmp_path, tool_config={"torch": {"schedule": schedule, "discrete": discrete}}))
+    role.profiler.start(profile_step=1)
+    role.generate()
+    role.update(mini_batches)
+    role.profiler.stop(profile_step=1)
+    role.update(2)  # after stop the optimizer steps advance nothing
+    return role.profiler.written
+
+
+STAGES = {"rollout_generate", "actor_update", "mb0", "mb1", "mb2", "mb3"}
+
+
+# schedule (torch.profiler.schedule over the optimizer steps) -> the stages each written trace holds (a window that
+# opens inside actor_update holds its mini-batches, not the range begun before it)
+@pytest.mark.parametrize("schedule,kept", [
+    ({}, [STAGES]),  # active 0: no schedule, the whole step
+    ({"active": 2}, [{"rollout_generate", "actor_update", "mb0", "mb1"}]),  # from the start to the 2nd optimizer step
+    ({"skip_first": 1, "active": 1}, [{"mb1"}]),
+    ({"skip_first": 1, "warmup": 1, "active": 2}, [{"mb2", "mb3"}]),  # mb1 is warm-up: recorded, dropped
+    ({"wait": 1, "active": 1, "repeat": 2}, [{"mb1"}, {"mb3"}]),  # two windows, two files
+    ({"active": 10}, [STAGES]),  # the update ends inside the window: it is written at stop
+])
+def test_a_schedule_keeps_a_window_of_the_update_mini_batches(tmp_path, schedule, kept):
+    written = scheduled_step(tmp_path, schedule)
+    assert written == [str(tmp_path / f"actor_step1_rank0{part}.json.gz") for part in ["", "_part1"][:len(kept)]]
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in written)
+    for path, stages in zip(written, kept):
+        recorded = names(path)
+        assert recorded & STAGES == stages, path
+        assert not any(str(n).startswith("ProfilerStep#") for n in recorded)  # a step here is a mini-batch
+
+
+def test_a_schedule_that_keeps_no_mini_batch_says_so(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="verl"):
+        assert scheduled_step(tmp_path, {"skip_first": 10, "active": 1}) == []
+    assert any("4 update mini-batches ran while profiling, none of them in" in r.getMessage()
+               and "schedule's active window" in r.getMessage() for r in caplog.records)
+
+
+def test_discrete_stages_are_written_whole_whatever_the_schedule(tmp_path):
+    written = scheduled_step(tmp_path, {"skip_first": 1, "active": 1}, discrete=True)
+    assert [os.path.basename(p) for p in written] == ["actor-rollout_generate_step1_rank0.json.gz",
+                                                      "actor-actor_update_step1_rank0.json.gz"]
+    assert names(written[1]) & STAGES == STAGES - {"rollout_generate"}
+
+
 @pytest.mark.parametrize("kwargs,rank,profiled", [
     ({}, 0, True), ({}, 1, False),  # ranks [] = rank 0 only
     ({"ranks": [1, 3]}, 3, True), ({"ranks": [1, 3]}, 0, False),
@@ -231,6 +299,51 @@ def test_config_checks_name_the_key(caplog):
                         "actor_rollout_ref.actor.profiler.enable=true", "critic.profiler.all_ranks=true") == []
         assert problems("global_profiler.tool=torch", "global_profiler.steps=[1]") == []
     assert any("no role's profiler is enabled" in r.getMessage() for r in caplog.records)
+
+
+def profiler_warnings(*overrides):
+    from verl.trainer.config_validation import compose_ppo_config, validate_config
+
+    logging.getLogger("verl.config").disabled = True
+    try:
+        warnings = validate_config(compose_ppo_config([
+            "data.train_files=data/train.parquet", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+            "trainer.n_gpus_per_node=1", *overrides]))
+    finally:
+        logging.getLogger("verl.config").disabled = False
+    return [w for w in warnings if "profiler" in w]
+
+
+ACTOR_TORCH = "actor_rollout_ref.actor.profiler.tool_config.torch"
+PROFILED = ["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true"]
+
+
+def test_profiler_settings_without_effect_here_are_named_with_the_reason():
+    assert profiler_warnings(*PROFILED, f"{ACTOR_TORCH}.schedule.active=2") == []
+    [wait] = profiler_warnings(f"{ACTOR_TORCH}.schedule.wait=1")
+    assert wait.startswith(f"{ACTOR_TORCH}.schedule.wait: is 1, but {ACTOR_TORCH}.schedule.active is 0, so no "
+                           "schedule runs")
+    [discrete] = profiler_warnings(f"{ACTOR_TORCH}.schedule.active=2", f"{ACTOR_TORCH}.discrete=true")
+    assert discrete.startswith(f"{ACTOR_TORCH}.schedule: sets active=2, but {ACTOR_TORCH}.discrete=true writes each "
+                               "stage whole")
+    rollout = "actor_rollout_ref.rollout.profiler.tool_config.torch"
+    [start, end] = profiler_warnings(f"{rollout}.profile_token_start=1", f"{rollout}.profile_token_end=64")
+    assert start.startswith(f"{rollout}.profile_token_start: is 1, but the rollout runs in the worker's process")
+    assert end.startswith(f"{rollout}.profile_token_end: is 64,") and "has no effect" in end
+    # the actor's worker plays the rollout too, with the actor's tool settings
+    assert profiler_warnings(*PROFILED, f"{rollout}.discrete=true") == [
+        f"{rollout}.discrete: is true, but rollout shares a worker process and its profiler with actor, whose settings "
+        f"it uses ({ACTOR_TORCH}.discrete=false); set it there"]
+    [npu] = profiler_warnings("actor_rollout_ref.actor.profiler.tool_config.npu.level=level1")
+    assert npu.startswith("actor_rollout_ref.actor.profiler.tool_config.npu.level: is level1, but the npu tool cannot "
+                          "run here (it drives the Ascend NPU profiler")
+    [depth] = profiler_warnings("global_profiler.global_tool_config.torch_memory.stack_depth=33")
+    assert depth.startswith("global_profiler.global_tool_config.torch_memory.stack_depth: is 33, but the CUDA "
+                            "allocator's history (torch_memory) keeps whole stacks")
+    assert problems(f"{ACTOR_TORCH}.schedule.skip_first=-1", "actor_rollout_ref.actor.profiler.ranks=[a]") == [
+        f"{ACTOR_TORCH}.schedule.skip_first: must be >= 0 (update mini-batches), got -1",
+        "actor_rollout_ref.actor.profiler.ranks: is [a]; list the ranks to profile as numbers from 0, e.g. [0,1] (or "
+        "set all_ranks=true)"]
 
 
 def test_timers_fill_timing_raw_and_mark_ranges_in_a_trace(tmp_path):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config import (ConfigError, batch_checks, checks, lora_checks, multi_turn_checks, off_policy_checks,
-                                 profiler_checks, reward_loop_checks, unused_keys)
+                                 profiler_checks, reward_loop_checks, reward_section_checks, unused_keys)
 from verl.trainer.config.checks import Issue, Run, check_types
 from verl.trainer.config import PPO_CONFIG_NAME
 from verl.trainer.config.compose import compose_config, compose_ppo_config, default_config_values
@@ -38,8 +38,8 @@ CHECKS: tuple[Callable[[Run], Iterable[Issue]], ...] = (
     batch_checks.check_micro_batch_pairs, batch_checks.check_batch_sizes, batch_checks.check_dynamic_sampling,
     lora_checks.check_lora, multi_turn_checks.check_multi_turn, off_policy_checks.check_rollout_correction,
     off_policy_checks.check_trainer_mode, off_policy_checks.check_async_keys_in_sync_mode,
-    profiler_checks.check_profiler, reward_loop_checks.check_reward_loop, unused_keys.check_other_backend_keys,
-    unused_keys.check_not_implemented,
+    profiler_checks.check_profiler, reward_loop_checks.check_reward_loop, reward_section_checks.check_reward_section,
+    unused_keys.check_other_backend_keys, unused_keys.check_not_implemented,
 )
 
 __all__ = ["ConfigError", "SUCCESS_LINE", "checked_config", "compose_ppo_config", "main", "validate_config"]
@@ -79,6 +79,8 @@ def validate_config(config: DictConfig | Mapping, *, n_devices: int | None = Non
         issues.extend(issue for issue in check(run) if issue.key not in run.bad_keys)
     # A key that follows another through ${...} repeats the other key's problem: report it at the source.
     issues = [issue for issue in issues if not run.follows(issue.key)]
+    # A key set through the original's reward.* section is reported as the user wrote it.
+    issues = reward_section_checks.name_reward_keys(issues, run)
 
     warnings = [str(issue) for issue in issues if issue.warning]
     for line in warnings:

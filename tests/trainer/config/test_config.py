@@ -382,6 +382,15 @@ def test_ranges_and_sampling():
     assert "- actor_rollout_ref.rollout.gpu_memory_utilization: must be in (0, 1]" in message
 
 
+def test_sapo_temperatures_must_be_positive():
+    message = problems("actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0",
+                       "actor_rollout_ref.actor.tau_neg=-0.5")
+    assert "- actor_rollout_ref.actor.tau_pos: must be > 0, got 0" in message
+    assert "- actor_rollout_ref.actor.tau_neg: must be > 0, got -0.5" in message
+    validate("actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0.5",
+             "actor_rollout_ref.actor.tau_neg=2.0")
+
+
 def test_greedy_rollout_may_use_temperature_zero():
     validate("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.temperature=0")
 

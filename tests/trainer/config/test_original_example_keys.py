@@ -7,6 +7,7 @@ FSDP (not Megatron, not VeOmni) once, written as the scripts write it (``+`` whe
 of its type other than our default (the scripts' own where they give a literal).
 """
 
+import functools
 import logging
 import pathlib
 import re
@@ -18,7 +19,9 @@ import verl
 from verl.base_config import BaseConfig, at
 from verl.trainer.config import PPO_CONFIG_NAME
 from verl.trainer.config.checks import Run, check_types
-from verl.trainer.config.compose import compose_ppo_config, default_config_values
+from verl.trainer.config.compose import compose_ppo_config, default_config_values, dotted_keys
+from verl.trainer.config.reward_section import reward_keys
+from verl.trainer.config.reward_section_checks import name_reward_keys
 from verl.trainer.config.spec import resolve_run
 from verl.trainer.config_validation import CHECKS, ConfigError, validate_config
 
@@ -66,7 +69,7 @@ ORIGINAL_EXAMPLE_OVERRIDES = [
     "actor_rollout_ref.actor.profiler.tool_config.npu.contents=[x]",
     "actor_rollout_ref.actor.profiler.tool_config.npu.discrete=true",
     "actor_rollout_ref.actor.profiler.tool_config.npu.level=level1",
-    "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[x]",
+    "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cpu,cuda]",
     "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=true",
     "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1",
     "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.repeat=1",
@@ -143,7 +146,7 @@ ORIGINAL_EXAMPLE_OVERRIDES = [
     "actor_rollout_ref.rollout.profiler.all_ranks=true",
     "actor_rollout_ref.rollout.profiler.enable=true",
     "actor_rollout_ref.rollout.profiler.ranks=[x]",
-    "actor_rollout_ref.rollout.profiler.tool_config.torch.contents=[x]",
+    "actor_rollout_ref.rollout.profiler.tool_config.torch.contents=[cpu,cuda]",
     "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=true",
     "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end=64",
     "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start=1",
@@ -268,10 +271,16 @@ ORIGINAL_EXAMPLE_OVERRIDES = [
     "trainer.val_before_train=false",
 ]
 
-# Keys other changes own (profiling, the reward loop, the asynchronous trainer, rollout correction): listed for
-# completeness, checked by their own tests.
-OWNED_ELSEWHERE = ("global_profiler.", "reward.", "reward_model.use_reward_loop", "reward_model.num_workers",
+# Keys other changes own (the reward loop, the asynchronous trainer, rollout correction): listed for
+# completeness, checked by their own tests. The reward.* keys are checked here: each reaches the reward_model.* or
+# custom_reward_function.* key it stands for (verl/trainer/config/reward_section.py), or an issue names it.
+OWNED_ELSEWHERE = ("reward_model.use_reward_loop", "reward_model.num_workers",
                    "reward_model.rollout.", "trainer.v1.", "algorithm.rollout_correction.")
+
+
+# Set to what runs here anyway, so nothing needs saying: the judge of a generative reward model is never split over
+# devices (verl/trainer/config/reward_loop_checks.py warns only for a larger value).
+AS_RUN_HERE = ("reward.reward_model.rollout.tensor_model_parallel_size=1",)
 
 
 def _key(override: str) -> str:
@@ -279,7 +288,7 @@ def _key(override: str) -> str:
 
 
 CHECKED = [o for o in ORIGINAL_EXAMPLE_OVERRIDES
-           if not _key(o).startswith(OWNED_ELSEWHERE) and ".profiler." not in _key(o)]
+           if not _key(o).startswith(OWNED_ELSEWHERE)]
 # The scripts' engines (vllm, sglang) are not shipped: rollout.name is checked on its own below, and the combined
 # config keeps the native engine, whose warnings name the engine-only keys the scripts set.
 ENGINE = "actor_rollout_ref.rollout.name"
@@ -293,7 +302,7 @@ def combined():
     values = OmegaConf.to_container(config, resolve=True)
     run = Run(cfg=values, defaults=default_config_values(PPO_CONFIG_NAME),
               raw=OmegaConf.to_container(config, resolve=False))
-    issues = list(check_types(run)) + [issue for check in CHECKS for issue in check(run)]
+    issues = name_reward_keys(list(check_types(run)) + [issue for check in CHECKS for issue in check(run)], run)
     spec = resolve_run(config, choose_checkpointing=False, choose_engine=False, log=lambda *a: None)
     return values, issues, spec
 
@@ -320,7 +329,7 @@ _DECLARING = ("workers/config/__init__.py", "workers/config/actor.py", "workers/
               "workers/config/engine.py", "workers/config/model.py", "workers/config/optimizer.py",
               "workers/config/reward_model.py", "workers/config/rollout.py", "trainer/config/__init__.py",
               "trainer/config/algorithm.py", "trainer/config/config.py", "trainer/config/compose.py",
-              "trainer/config/unused_keys.py", "utils/profiler/config.py",
+              "trainer/config/unused_keys.py", "trainer/config/reward_section.py", "utils/profiler/config.py",
               "workers/rollout/registry.py")  # the registry lists the keys each engine ignores
 _CHECKS = "trainer/config/"  # the *_checks.py and checks.py modules: they validate, they do not use
 
@@ -339,6 +348,24 @@ def _read_by_code(field: str, code_text: str) -> bool:
     # verl/workers/config/batching.py reads the micro-batch sizes as getattr(section, f"{name}_per_gpu")
     field = field.removesuffix("_per_gpu") if field.endswith("micro_batch_size_per_gpu") else field
     return re.search(rf"\.{field}\b|[\"']{field}[\"']", code_text) is not None
+
+
+@functools.cache
+def _references() -> dict[str, list[str]]:
+    """key -> the keys whose default is ``${key}`` or ``${oc.select:key,...}``."""
+    raw = OmegaConf.to_container(compose_ppo_config([]), resolve=False)
+    references: dict[str, list[str]] = {}
+    for key in dotted_keys(raw):
+        match = re.fullmatch(r"\$\{(?:oc\.select:)?([\w.]+)(?:,[^}]*)?\}", str(at(raw, key)))
+        if match:
+            references.setdefault(match.group(1), []).append(key)
+    return references
+
+
+def _followers(key: str) -> list[str]:
+    """The keys that follow ``key``: it reaches the code through them (each role's
+    profiler.tool_config.torch_memory follows global_profiler.global_tool_config.torch_memory)."""
+    return _references().get(key, [])
 
 
 def test_the_scripts_engines_stop_with_the_fix():
@@ -367,10 +394,13 @@ def test_no_key_is_silently_ignored(combined, code_text):
     silent = []
     for override in COMBINED:
         key = _key(override)
+        if override in AS_RUN_HERE:
+            continue
         if any(n == key or key.startswith(f"{n}.") or n.startswith(f"{key}.") for n in named):
             continue  # a warning or an error names it
-        field = _spec_field(spec, key, at(values, key))
-        if field is None or not _read_by_code(field, code_text):
+        key = reward_keys().get(key, key)  # a reward.* key: the key it stands for here
+        fields = [_spec_field(spec, k, at(values, k)) for k in (key, *_followers(key))]
+        if not any(field is not None and _read_by_code(field, code_text) for field in fields):
             silent.append(override)
     assert silent == [], "\n".join(silent)
 

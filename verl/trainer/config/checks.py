@@ -417,7 +417,7 @@ def check_model_folders(run: Run) -> Iterator[Issue]:
 _POSITIVE = (
     "data.train_batch_size", "data.gen_batch_size", "data.max_prompt_length", "data.max_response_length",
     f"{ACTOR}.ppo_mini_batch_size", f"{ACTOR}.ppo_epochs", f"{ACTOR}.ppo_max_token_len_per_gpu",
-    f"{ACTOR}.ulysses_sequence_parallel_size", f"{ACTOR}.optim.lr",
+    f"{ACTOR}.ulysses_sequence_parallel_size", f"{ACTOR}.optim.lr", f"{ACTOR}.tau_pos", f"{ACTOR}.tau_neg",
     f"{ROLLOUT}.n", f"{ROLLOUT}.val_kwargs.n", f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
     "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs", "trainer.total_training_steps",
 )

@@ -3,7 +3,9 @@
 Replaces ``@hydra.main``: the entry points call `compose_ppo_config(sys.argv[1:])` (PPO) or
 `compose_config(sys.argv[1:], "sft_trainer")` (any other config of this folder). Before composing,
 every override is parsed and every key it changes is looked up in the default config, so that all
-typos are reported together, each with the closest valid key.
+typos are reported together, each with the closest valid key. After composing, the original's newer ``reward.*``
+keys are mapped onto the ``reward_model.*``/``custom_reward_function.*`` keys the code reads
+(:mod:`verl.trainer.config.reward_section`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.base_config import yaml_defaults
 from verl.trainer.config import CONFIG_DIR, PPO_CONFIG_NAME, ConfigError
+from verl.trainer.config.reward_section import map_reward_section
 
 _CONFIG_FLAGS = {"--config-path": "path", "-cp": "path", "--config-name": "name", "-cn": "name"}
 
@@ -29,7 +32,8 @@ def compose_ppo_config(overrides: Sequence[str] = ()) -> DictConfig:
     Accepts Hydra override syntax (``key=value``, ``+key=value``, ``++key=value``, ``~key``, lists as
     ``key=[a,b]``) plus ``--config-path DIR``/``--config-name NAME`` to start from your own config file
     (which can list ``ppo_trainer`` in its defaults). Raises `ConfigError` naming every unknown key, with
-    the closest valid one, or every malformed override, at once.
+    the closest valid one, or every malformed override, at once. The original's ``reward.*`` keys set away from
+    their defaults set the keys read here (`map_reward_section`).
     """
     return compose_config(overrides, PPO_CONFIG_NAME)
 
@@ -43,7 +47,7 @@ def compose_config(overrides: Sequence[str] = (), default_config_name: str = PPO
     unknown = [_unknown_key_message(key, known) for key in _changed_keys(parsed) if key not in known]
     if unknown:
         raise ConfigError(f"Unknown configuration key(s), not in {config_name}.yaml:", unknown)
-    return _compose(config_dir, config_name, [*searchpath, *args])
+    return map_reward_section(_compose(config_dir, config_name, [*searchpath, *args]))
 
 
 def closest_key(key: str, known: Iterable[str]) -> str | None:

@@ -21,6 +21,11 @@ def _set(run: Run, key: str) -> bool:
 def check_reward_loop(run: Run) -> Iterator[Issue]:
     generative = bool(run.get(f"{RM}.enable") and run.get(f"{RM}.use_reward_loop")
                       and run.get("custom_reward_function.path"))
+    if _set(run, f"{RM}.num_workers"):
+        scored = (f"the rows are scored on threads of the driver, up to {JUDGE}.max_num_seqs at once" if generative
+                  else "rewards are computed by the reward manager in the driver")
+        yield warn(f"{RM}.num_workers", f"is {_format(run.get(f'{RM}.num_workers'))}, but there are no reward-loop "
+                                        f"worker processes here: {scored}. Remove it to silence this warning")
     if not generative:
         for key in [f"{JUDGE}.{field}" for field in run.get(JUDGE) or {} if _set(run, f"{JUDGE}.{field}")]:
             yield warn(key, f"is set to {_format(run.get(key))}, but only a generative reward model reads "
@@ -48,7 +53,3 @@ def check_reward_loop(run: Run) -> Iterator[Issue]:
         elif _set(run, key):
             yield warn(key, f"is set to {_format(value)} but the {name!r} engine that serves the judge does not read "
                             "it. Remove it to silence this warning")
-    if _set(run, f"{RM}.num_workers"):
-        yield warn(f"{RM}.num_workers", f"is {_format(run.get(f'{RM}.num_workers'))}, but there are no reward-loop "
-                                        "worker processes here: the rows are scored on threads of the driver, up to "
-                                        f"{JUDGE}.max_num_seqs at once. Remove it to silence this warning")

@@ -63,7 +63,6 @@ _NOT_IMPLEMENTED_WARNINGS = (
     f"{AR}.model.enable_activation_offload", "critic.model.enable_activation_offload",
     f"{ACTOR}.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size",
     f"{ACTOR}.checkpoint.async_save", "critic.checkpoint.async_save",
-    "reward_model.launch_reward_fn_async",
 )
 
 # Keys of the original verl (its example scripts pass them) that have no effect here, with why.

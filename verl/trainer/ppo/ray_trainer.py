@@ -20,6 +20,7 @@ import logging
 import os
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -83,6 +84,7 @@ class RayPPOTrainer:
         self.policy_version = 0  # actor updates so far: the version that tags what the rollout generates
         self.rollouts: AsyncRollout | None = None  # the asynchronous modes' groups in flight (see fit)
         self._reward_s = 0.0
+        self._reward_thread = self._background_reward_thread()  # reward_model.launch_reward_fn_async
         self._async_state: dict | None = None  # the groups in flight a resumed checkpoint holds
         self._sync_address: str | None = None  # where the weight-sync group meets (separate_async)
         self.workers: WorkerGroups | None = None
@@ -118,6 +120,9 @@ class RayPPOTrainer:
         return "unknown device"
 
     def shutdown(self) -> None:
+        if self._reward_thread is not None:  # a step stopped by an error may leave its batch being scored
+            self._reward_thread.shutdown(wait=False, cancel_futures=True)
+            self._reward_thread = None
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if isinstance(reward_fn, GenerativeReward):
                 reward_fn.close()
@@ -184,18 +189,21 @@ class RayPPOTrainer:
             logger.warning("%s was saved by an asynchronous run holding %d prompt(s) not trained yet; this synchronous "
                            "run goes on from the dataloader's position and will not train them", path, held)
 
-    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
-        """Reorder the batch so that each data-parallel rank gets a similar number of tokens."""
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> torch.Tensor | None:
+        """Reorder the batch so that each data-parallel rank gets a similar number of tokens; returns the order
+        (row i is now old row ``order[i]``), None when the rows stay where they are."""
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
         world = self.workers.actor_rollout.world_size
         if len(seqlens) % world:
-            return
+            return None
         partitions = balance_batch_partitions(seqlens, world)
-        batch.reorder(torch.tensor([i for part in partitions for i in part]))
+        order = torch.tensor([i for part in partitions for i in part])
+        batch.reorder(order)
         metrics.update(log_seqlen_unbalance(seqlens, partitions))
+        return order
 
-    def _generate_and_score(self, batch_dict: dict, timing_raw: dict) -> DataProto:
-        """Responses for a batch of prompts, with ``token_level_scores`` (and the reward's extra info)."""
+    def _generate(self, batch_dict: dict, timing_raw: dict) -> DataProto:
+        """Responses for a batch of prompts (with ReMax, the greedy responses' rewards as ``reward_baselines``)."""
         groups, rollout = self.workers, self.spec.actor_rollout_ref.rollout
         prompts = DataProto.from_single_dict(batch_dict, meta_info={"global_steps": self.global_steps})
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
@@ -204,17 +212,79 @@ class RayPPOTrainer:
         if self.spec.algorithm.adv_estimator == "remax":
             with marked_timer("gen_max", timing_raw):
                 batch.batch["reward_baselines"] = self._reward_baselines(prompts, rollout.n)
+        return batch
+
+    def _generate_and_score(self, batch_dict: dict, timing_raw: dict) -> DataProto:
+        """Responses for a batch of prompts, with ``token_level_scores`` (and the reward's extra info)."""
+        batch = self._generate(batch_dict, timing_raw)
         with marked_timer("reward", timing_raw):
             return self._score(batch)
 
     def _score(self, batch: DataProto) -> DataProto:
         """``token_level_scores`` of finished rows (model reward first, when used), and the reward's extra info."""
+        batch = self._add_model_scores(batch)
+        scores, extra_info = compute_reward(batch, self.reward_fn)  # a generative judge is asked from inside
+        return self._add_scores(batch, scores, extra_info)
+
+    def _add_model_scores(self, batch: DataProto) -> DataProto:
+        """The reward model's ``rm_scores`` (a sequence-classification model), which the reward function reads."""
         if self.use_rm and not uses_generative_reward(self.spec.reward_model, self.spec.custom_reward_function):
             batch = batch.union(self.workers.rm.compute_rm_score(batch))
-        scores, extra_info = compute_reward(batch, self.reward_fn)  # a generative judge is asked from inside
+        return batch
+
+    @staticmethod
+    def _add_scores(batch: DataProto, scores: torch.Tensor, extra_info: dict) -> DataProto:
         batch.non_tensor_batch.update({k: object_array(v) for k, v in extra_info.items()})
         batch.batch["token_level_scores"] = scores
         return batch
+
+    def _background_reward_thread(self) -> ThreadPoolExecutor | None:
+        """``reward_model.launch_reward_fn_async``: the thread that scores a step's batch while the workers compute
+        its old/reference log-probs and values. A driver thread, not the original's Ray task, so that both
+        backends run it the same way. None when the key is off, or when the scores are needed at once."""
+        if not self.spec.reward_model.launch_reward_fn_async:
+            return None
+        reason = None
+        if self.spec.trainer.v1.asynchronous:
+            reason = (f"trainer.v1.trainer_mode={self.spec.trainer.v1.trainer_mode} already scores each prompt group "
+                      "as its generation ends, while the trainer works on earlier batches")
+        elif self.filter_groups:
+            reason = "algorithm.filter_groups needs each round's scores to choose the prompt groups it keeps"
+        elif uses_generative_reward(self.spec.reward_model, self.spec.custom_reward_function):
+            reason = ("a generative judge generates on the reward-model workers, which may share devices (with "
+                      "trainer.backend=local, the process) with the actor's: their calls are not overlapped")
+        if reason is not None:
+            logger.info("reward_model.launch_reward_fn_async=True has no effect in this run (no background "
+                        "scoring): %s", reason)
+            return None
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-reward")
+
+    def _score_in_background(self, batch: DataProto, timing_raw: dict) -> tuple[DataProto, Future]:
+        """Start scoring ``batch`` on the reward thread (the reward model's scores first, here); ``_join_scores``
+        adds the results. The reward reads its own copy of the rows as they are now: the step meanwhile
+        reorders them and adds columns, which the synchronous reward would not have seen either."""
+        with marked_timer("reward", timing_raw):
+            batch = self._add_model_scores(batch)
+        rows = DataProto(batch=batch.batch.clone(), non_tensor_batch=dict(batch.non_tensor_batch),
+                         meta_info=dict(batch.meta_info))
+
+        def score() -> tuple[torch.Tensor, dict, float]:
+            tic = time.perf_counter()
+            scores, extra_info = compute_reward(rows, self.reward_fn)
+            return scores, extra_info, time.perf_counter() - tic
+
+        return batch, self._reward_thread.submit(score)
+
+    def _join_scores(self, batch: DataProto, pending: Future, order: torch.Tensor | None,
+                     timing_raw: dict) -> DataProto:
+        """Wait for the reward thread's scores (its error, if it raised, is raised here) and add them to the batch,
+        in the batch's row ``order`` (``_balance_batch``). ``timing_s/reward`` counts the scoring, not the wait."""
+        scores, extra_info, seconds = pending.result()
+        timing_raw["reward"] = timing_raw.get("reward", 0.0) + seconds
+        if order is not None:
+            scores = scores[order]
+            extra_info = {k: object_array(v)[order.numpy()] for k, v in extra_info.items()}
+        return self._add_scores(batch, scores, extra_info)
 
     def _keep_varied_groups(self, batch: DataProto, next_batch, timing_raw: dict, metrics: dict) -> DataProto:
         """DAPO's dynamic sampling: drop the prompt groups whose samples all have the same
@@ -347,6 +417,7 @@ class RayPPOTrainer:
         with marked_timer("start_profile", timing_raw):
             self._profile("start_profile", config.global_profiler.starts_at(self.global_steps))
         with marked_timer("step", timing_raw):
+            pending_scores, order = None, None
             if self.rollouts is not None:
                 self._reward_s = 0.0
                 batch, async_metrics, timing_raw["gen"] = self.rollouts.next_batch(self.policy_version)
@@ -354,15 +425,16 @@ class RayPPOTrainer:
                 batch.meta_info["global_steps"] = self.global_steps
                 timing_raw["reward"] = self._reward_s
                 metrics.update(async_metrics)
+            elif self._reward_thread is not None:  # launch_reward_fn_async: scored while the workers compute
+                batch, pending_scores = self._score_in_background(self._generate(batch_dict, timing_raw), timing_raw)
             else:
                 batch = self._generate_and_score(batch_dict, timing_raw)
             if self.filter_groups and self.rollouts is None:
                 batch = self._keep_varied_groups(batch, next_batch, timing_raw, metrics)
             if config.trainer.balance_batch:
-                self._balance_batch(batch, metrics)
+                order = self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             batch.meta_info["temperature"] = config.actor_rollout_ref.rollout.temperature
-            scores = batch.batch["token_level_scores"]
             update_actor = config.trainer.critic_warmup <= self.global_steps
             fused_old_log_prob = config.old_log_prob_in_update and update_actor
             correction = config.algorithm.rollout_correction
@@ -379,7 +451,10 @@ class RayPPOTrainer:
             if self.use_critic:
                 with marked_timer("values", timing_raw):
                     batch = batch.union(groups.critic.compute_values(batch))
-            with marked_timer("adv", timing_raw):
+            with marked_timer("adv", timing_raw):  # a wait for the reward thread counts here, as in the original
+                if pending_scores is not None:
+                    batch = self._join_scores(batch, pending_scores, order, timing_raw)
+                scores = batch.batch["token_level_scores"]
                 self._compute_advantage(batch, scores, metrics)
 
             if self.use_critic:

@@ -10,6 +10,7 @@ import torch
 
 from verl.data import collate_fn
 from verl.protocol import DataProto
+from verl.rewards.loading import compute_reward
 from verl.trainer.ppo.metric_utils import flatten_validation_metrics, process_validation_metrics
 
 
@@ -23,9 +24,9 @@ def validate(config, actor_rollout, val_dataset, val_reward_fn, tokenizer, globa
                                          meta_info={"validate": True, "global_steps": global_step})
     prompts.non_tensor_batch["uid"] = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
     outputs = actor_rollout.generate_sequences(prompts)
-    result = val_reward_fn(outputs, return_dict=True)
-    scores = result["reward_tensor"].sum(-1)
-    infos = {"reward": scores.tolist(), **result.get("reward_extra_info", {})}
+    reward_tensor, extra_info = compute_reward(outputs, val_reward_fn)
+    scores = reward_tensor.sum(-1)
+    infos = {"reward": scores.tolist(), **extra_info}
     key = config.data.reward_fn_key
     nested = process_validation_metrics(outputs.non_tensor_batch[key].tolist(),
                                         outputs.non_tensor_batch["uid"].tolist(), infos)

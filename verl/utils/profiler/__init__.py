@@ -19,7 +19,7 @@ _EXPORTS = {name: "verl.utils.profiler.performance" for name in (
     "memory_usage", "print_memory_usage", "reduce_timing", "simple_timer")}
 _EXPORTS.update({name: "verl.utils.profiler.config" for name in (
     "GlobalProfilerConfig", "NPUToolConfig", "NsightToolConfig", "ProfilerConfig", "ProfilerToolConfig",
-    "TorchMemoryToolConfig", "TorchProfilerToolConfig")})
+    "TorchMemoryToolConfig", "TorchProfilerScheduleConfig", "TorchProfilerToolConfig")})
 _EXPORTS["DistProfiler"] = "verl.utils.profiler.profile"
 _EXPORTS["DistProfilerExtension"] = "verl.single_controller.profiling"
 __all__ = sorted(_EXPORTS)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from verl.base_config import BaseConfig, section
 
 __all__ = ["GlobalProfilerConfig", "NPUToolConfig", "NsightToolConfig", "ProfilerConfig", "ProfilerToolConfig",
-           "SUPPORTED_TOOLS", "TOOLS", "TorchMemoryToolConfig", "TorchProfilerToolConfig", "unsupported_tool_reason"]
+           "SCHEDULE_FIELDS", "SUPPORTED_TOOLS", "TOOLS", "TorchMemoryToolConfig", "TorchProfilerScheduleConfig",
+           "TorchProfilerToolConfig", "unsupported_tool_reason"]
 
 # Every tool name the original accepts; the first two run here.
 SUPPORTED_TOOLS = ("torch", "torch_memory")
@@ -20,6 +21,7 @@ _UNSUPPORTED = {
                           "CPUs only",
 }
 TORCH_CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
+SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 
 
 def unsupported_tool_reason(tool: str) -> str | None:
@@ -27,14 +29,48 @@ def unsupported_tool_reason(tool: str) -> str | None:
     return _UNSUPPORTED.get(tool)
 
 
+@section("actor_rollout_ref.actor.profiler.tool_config.torch.schedule", shared=True)
+class TorchProfilerScheduleConfig(BaseConfig):
+    """``torch.profiler.schedule`` over the update loop's mini-batches (one optimizer step each, of the actor's or
+    the critic's): after ``skip_first`` of them, cycles of ``wait`` (not recorded), ``warmup`` (recorded, dropped)
+    and ``active`` (kept), ``repeat`` cycles (0: one, in one profiled run). Off while ``active`` is 0."""
+
+    skip_first: int
+    wait: int
+    warmup: int
+    active: int
+    repeat: int
+
+    def __post_init__(self, extra: dict | None = None) -> None:
+        super().__post_init__(extra)
+        negative = {name: getattr(self, name) for name in SCHEDULE_FIELDS if getattr(self, name) < 0}
+        if negative:
+            raise ValueError(f"profiler.tool_config.torch.schedule: {negative} must be >= 0 (mini-batches)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.active > 0
+
+    def kwargs(self) -> dict[str, int]:
+        """The arguments of ``torch.profiler.schedule`` (``repeat`` 0 becomes 1: a profiled run keeps one window
+        unless more are asked for)."""
+        return {"skip_first": self.skip_first, "wait": self.wait, "warmup": self.warmup, "active": self.active,
+                "repeat": self.repeat or 1}
+
+
 @section("actor_rollout_ref.actor.profiler.tool_config.torch", shared=True)
 class TorchProfilerToolConfig(BaseConfig):
     """``torch.profiler``: ``contents`` picks what is recorded besides CPU operators (``cuda`` kernels,
     ``memory`` allocations, input ``shapes``, Python ``stack``s; empty: CPU, and CUDA when available);
-    ``discrete`` writes one trace per stage instead of one per step."""
+    ``discrete`` writes one trace per stage instead of one per step; ``schedule`` keeps a window of the update's
+    mini-batches (not discrete). ``profile_token_start``/``profile_token_end`` (the original's window of rollout
+    decode steps) are accepted and have no effect: the rollout is recorded whole."""
 
     contents: list[str]
     discrete: bool
+    profile_token_start: int | None
+    profile_token_end: int | None
+    schedule: TorchProfilerScheduleConfig
 
     def __post_init__(self, extra: dict | None = None) -> None:
         super().__post_init__(extra)
@@ -93,12 +129,6 @@ class ProfilerConfig(BaseConfig):
     ranks: list[int]
     save_path: str | None
     tool_config: ProfilerToolConfig
-
-    def profiles_rank(self, rank: int) -> bool:
-        """Whether ``rank`` is profiled (when ``enable``)."""
-        if self.all_ranks:
-            return True
-        return rank in self.ranks if self.ranks else rank == 0
 
     def union(self, other: ProfilerConfig) -> ProfilerConfig:
         """The profiler of a worker playing both roles (the actor, rollout and reference share a process):

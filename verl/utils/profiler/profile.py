@@ -14,6 +14,13 @@ from verl.utils.profiler.config import ProfilerConfig, unsupported_tool_reason
 __all__ = ["DistProfiler"]
 
 
+def _profiles_rank(config: ProfilerConfig, rank: int) -> bool:
+    """Whether ``config`` selects ``rank``: every rank with ``all_ranks``, else those ``ranks`` lists ([]: rank 0)."""
+    if config.all_ranks:
+        return True
+    return rank in config.ranks if config.ranks else rank == 0
+
+
 class DistProfiler:
     """The profiler of one role on one rank, running the tool ``config.tool`` names.
 
@@ -27,7 +34,7 @@ class DistProfiler:
         self.rank, self.config = rank, config or ProfilerConfig()
         self.role = save_file_prefix or "worker"
         self._enable = bool(self.config.enable and self.config.tool)
-        self._this_rank = self._enable and self.config.profiles_rank(rank)
+        self._this_rank = self._enable and _profiles_rank(self.config, rank)
         self._this_step = False
         self._impl = None
         if not self._this_rank:

@@ -6,6 +6,10 @@ process) share the process: the first role that starts opens the recording, late
 written when the last one stops, named after all of them: ``<save_path>/<roles>_step<N>_rank<R>.json.gz``
 (``step<N>-<M>`` when one trace spans several steps). Files are written under a temporary name and renamed, so a
 file with the final name is complete.
+
+``tool_config.torch.schedule`` (when ``active`` > 0) keeps a window of the update loop: the recording follows
+``torch.profiler.schedule``, advanced once per optimizer step (one per update mini-batch, as the original advances
+it), and each window it keeps is a file, the second and later ones with ``_part<i>`` after the name.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from verl.utils.profiler.config import TorchMemoryToolConfig, TorchProfilerToolConfig
+from verl.utils.profiler.config import TorchMemoryToolConfig, TorchProfilerScheduleConfig, TorchProfilerToolConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,29 +67,69 @@ def _activities(contents: list[str]) -> list:
 class _Recording:
     """The process's torch profiler recording, shared by the roles that joined it."""
 
-    def __init__(self, config: TorchProfilerToolConfig, save_path: str, rank: int, step: int | None):
+    def __init__(self, config: TorchProfilerToolConfig, save_path: str, rank: int, step: int | None,
+                 with_schedule: bool = False):
         contents = list(config.contents)
         self.save_path, self.rank, self.steps = save_path, rank, [step, step]
         self.roles: list[str] = []  # every role that joined (the file's name)
         self.active: set[str] = set()  # the roles still recording
+        self.written: list[str] = []
+        schedule = config.schedule if with_schedule and config.schedule.enabled else None
+        # torch hands a window to on_trace_ready when it ends: at stop(), and with a schedule at the optimizer step
+        # that closes an `active` window
         self.profile = torch.profiler.profile(
             activities=_activities(contents), record_shapes="shapes" in contents,
-            profile_memory="memory" in contents, with_stack="stack" in contents)
+            profile_memory="memory" in contents, with_stack="stack" in contents, on_trace_ready=self._save,
+            schedule=_torch_schedule(schedule) if schedule else None)
+        self._hook = None
+        if schedule:
+            # A schedule's step is an update mini-batch here, not a training step: no "ProfilerStep#<n>" ranges.
+            self.profile.record_steps = False
+            self._hook = register_optimizer_step_post_hook(lambda *_: self.profile.step())
+            logger.info("torch profiler (rank %d) keeps update mini-batches %s", rank, _window_text(schedule))
         self.profile.start()
 
-    def finish(self) -> str:
-        self.profile.stop()
-        path = os.path.join(self.save_path, trace_name(self.roles, tuple(self.steps), self.rank) + ".json.gz")
-        _write_atomically(path, self.profile.export_chrome_trace)
+    def _save(self, profile) -> None:
+        name = trace_name(self.roles, tuple(self.steps), self.rank) + (f"_part{len(self.written)}" if self.written
+                                                                        else "")
+        path = os.path.join(self.save_path, name + ".json.gz")
+        _write_atomically(path, profile.export_chrome_trace)
+        self.written.append(path)
         logger.info("torch profiler trace of %s (steps %s, rank %d) written to %s; open it in "
                     "https://ui.perfetto.dev or chrome://tracing", "+".join(self.roles),
                     "-".join(str(s) for s in dict.fromkeys(self.steps)), self.rank, path)
-        return path
+
+    def finish(self) -> list[str]:
+        """Stop recording, write the window still open, and return every trace file written."""
+        if self._hook is not None:
+            self._hook.remove()
+        self.profile.stop()
+        if not self.written:
+            logger.warning("torch profiler (rank %d): %d update mini-batches ran while profiling, none of them in "
+                           "profiler.tool_config.torch.schedule's active window, so no trace was written; lower "
+                           "schedule.skip_first/wait/warmup", self.rank, self.profile.step_num)
+        return self.written
+
+
+def _torch_schedule(schedule: TorchProfilerScheduleConfig):
+    with warnings.catch_warnings():
+        # torch advises warmup > 0 against the first recorded step's start-up cost; with warmup 0 (the default) the
+        # window starts with the profiled training step, whose first stages are not mini-batches anyway
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+        return torch.profiler.schedule(**schedule.kwargs())
+
+
+def _window_text(schedule: TorchProfilerScheduleConfig) -> str:
+    skipped = schedule.skip_first + schedule.wait + schedule.warmup
+    if not skipped:
+        return f"1-{schedule.active} and every stage before them"
+    return f"{skipped + 1}-{skipped + schedule.active} (the stages before them are not kept)"
 
 
 class TorchProfiler:
     """``tool=torch`` for one role of this process. Not discrete: :meth:`start`/:meth:`stop` bracket the profiled
-    steps (one trace). Discrete: each annotated stage is a trace of its own (``<role>-<stage>_step<N>_rank<R>``)."""
+    steps (one trace, or the schedule's windows of it). Discrete: each annotated stage is a whole trace of its own
+    (``<role>-<stage>_step<N>_rank<R>``), the schedule aside."""
 
     _recording: _Recording | None = None  # the process's recording (torch allows one profiler at a time)
 
@@ -102,7 +148,8 @@ class TorchProfiler:
                 logger.warning("%s rank %d: another torch profiler is already running in this process; step %s is "
                                "not profiled", self.role, self.rank, profile_step)
                 return
-            recording = TorchProfiler._recording = _Recording(self.config, self.save_path, self.rank, profile_step)
+            recording = TorchProfiler._recording = _Recording(self.config, self.save_path, self.rank, profile_step,
+                                                              with_schedule=True)
         if self.role not in recording.roles:
             recording.roles.append(self.role)
         recording.active.add(self.role)
@@ -116,7 +163,7 @@ class TorchProfiler:
         recording.active.discard(self.role)
         if not recording.active:  # the last colocated role to stop writes the trace
             TorchProfiler._recording = None
-            self.written.append(recording.finish())
+            self.written.extend(recording.finish())
 
     def annotate(self, stage: str):
         """The context a stage runs in: a named range in the step's trace, or (discrete) a trace of its own."""
@@ -138,7 +185,7 @@ class _DiscreteStage:
 
     def __exit__(self, *exc):
         self.span.__exit__(*exc)
-        self.profiler.written.append(self.recording.finish())
+        self.profiler.written.extend(self.recording.finish())
         return False
 
 
