@@ -6,13 +6,11 @@ import warnings
 
 import torch
 
-from verl.algorithms.registry import register_policy_loss
+from verl.algorithms.registry import LOSS_AGG_MODES, register_policy_loss
 from verl.utils.torch_functional import entropy_from_logits, masked_mean, masked_sum
 from verl.workers.config.actor import ActorConfig
 
 # ---- Loss aggregation --------------------------------------------------------------------------------------------
-
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
@@ -144,14 +142,15 @@ def compute_policy_loss(old_log_prob, log_prob, advantages, response_mask, clipr
     return pg_loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")
 def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                              config=None, rollout_is_weights=None):
     """GSPO (Zheng et al. 2025), token form: one importance ratio per sequence.
 
     s_i = exp(mean_t(logp − old)) over the valid tokens (exponent clamped to ±20), applied per token
     as r_{i,t} = sg(s_i)·exp(logp_t − sg(logp_t)) (value s_i, gradient s_i·∇logp_t), then clipped as
-    vanilla without dual clip. Always aggregated with seq-mean-token-mean (``loss_agg_mode`` ignored).
+    vanilla without dual clip. Always aggregated with seq-mean-token-mean (``loss_agg_mode`` ignored; the
+    registration declares it, so the actor weighs micro-batches by their sequences).
     """
     config = ActorConfig.from_config(config)
     low, high = _clip_bounds(config)
@@ -162,7 +161,7 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
                    rollout_is_weights, clipped)
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean")
 def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
                              config=None, rollout_is_weights=None):
     """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization"): a soft gate instead of a hard clip.
@@ -171,7 +170,8 @@ def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, 
     τ = ``tau_pos`` where A > 0 and ``tau_neg`` where A ≤ 0 (actor_rollout_ref.actor.tau_pos/tau_neg).
     On policy (r = 1) the gradient equals vanilla PPO's (f'(1) = 1); away from r = 1 it fades smoothly,
     faster for larger τ. Always aggregated with seq-mean-token-mean (``loss_agg_mode`` ignored), as the
-    original. Nothing is clipped: pg_clipfrac and pg_clipfrac_lower are 0.
+    original; declared at registration, so the actor weighs micro-batches by their sequences. Nothing is
+    clipped: pg_clipfrac and pg_clipfrac_lower are 0.
     """
     config = ActorConfig.from_config(config)
     for name in ("tau_pos", "tau_neg"):
@@ -184,7 +184,7 @@ def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, 
                    rollout_is_weights)
 
 
-@register_policy_loss("geo_mean")
+@register_policy_loss("geo_mean", loss_agg_mode="seq-mean-token-mean")
 def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                                  config=None, rollout_is_weights=None):
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization"): one ratio per sequence, the geometric
@@ -194,7 +194,8 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
         ℓ̂ = s·min(s·ℓ, s·clip(ℓ, −ε_low, ε_high))   (PPO's pessimistic clip, in log space)
     per sequence i, means over its valid tokens:  ρ_i = exp(mean ℓ̂),  Ā_i = mean A,  L_i = −Ā_i·ρ_i,
     and the loss is the mean of L_i over the sequences with a valid token (``loss_agg_mode`` ignored, as
-    the original). ε_low/ε_high are ``clip_ratio_low``/``clip_ratio_high`` (each ``clip_ratio`` when
+    the original; registered as seq-mean-token-mean, so the actor weighs micro-batches by their
+    sequences). ε_low/ε_high are ``clip_ratio_low``/``clip_ratio_high`` (each ``clip_ratio`` when
     null); the paper uses 0.4 (ratios within [e^−0.4, e^0.4]). ``rollout_is_weights`` enter as their
     geometric mean over the sequence's valid tokens. pg_clipfrac / pg_clipfrac_lower: share of valid
     tokens where the clip is active (ℓ̂ ≠ ℓ) with A > 0 / A < 0.

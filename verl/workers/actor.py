@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from verl.algorithms import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.algorithms.registry import policy_loss_agg_mode
 from verl.models import forward_logprobs, forward_logprobs_and_routing
 from verl.models.moe import ExpertLoad, router_spec
 from verl.models.vision import multi_modal_batch
@@ -58,12 +59,19 @@ LOSS_METRICS = ("pg_loss", "kl_loss", "vf_loss")
 
 
 def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micro: int | None,
-                     max_token_len: int | None, loss_fn) -> dict[str, list]:
+                     max_token_len: int | None, loss_fn, loss_agg_modes: dict[str, str] | None = None
+                     ) -> dict[str, list]:
     """The PPO update loop shared by actor and critic: ``ppo_epochs`` passes over ``data`` in
     mini-batches of ``mini`` rows (shuffled with ``data_loader_seed`` when ``shuffle``), one optimizer
     step per mini-batch over its micro-batches. Returns the ``<role>/...`` metrics as lists: the losses
     (:data:`LOSS_METRICS`) once per update, ``<role>/grad_norm`` and ``<role>/lr`` once per optimizer step,
-    the others once per micro-batch."""
+    the others once per micro-batch.
+
+    Each micro-batch gets ``meta_info["loss_scales"]``: its share of the mini-batch for each aggregation
+    in use (``config.loss_agg_mode`` and the values of ``loss_agg_modes``), and ``meta_info["loss_scale"]``,
+    the share for ``config.loss_agg_mode``. ``loss_fn`` multiplies each loss term by the share of the
+    aggregation it has. ``loss_agg_modes`` names the loss metrics (e.g. ``{"pg_loss": "seq-mean-token-mean"}``)
+    aggregated otherwise than ``config.loss_agg_mode``, so that they are weighted like their gradients."""
     if not mini or len(data) % mini:
         section = {"actor": "actor_rollout_ref.actor"}.get(role, role)
         raise ValueError(
@@ -71,6 +79,8 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
             f"rows = {section}.ppo_mini_batch_size x rollout.n / world size). Make data.train_batch_size x "
             f"rollout.n a multiple of {section}.ppo_mini_batch_size x rollout.n and of the number of devices.")
     agg_mode = config.loss_agg_mode
+    metric_modes = {f"{role}/{name}": mode for name, mode in (loss_agg_modes or {}).items()}
+    modes = {agg_mode, *metric_modes.values()}
     world = dist.get_world_size() if dist.is_initialized() else 1
     metrics: dict[str, list] = defaultdict(list)
     losses: dict[str, float] = {}
@@ -82,17 +92,18 @@ def run_mini_batches(engine, data: DataProto, config, role: str, mini: int, micr
         # Each micro-batch loss is scaled to its share of the mini-batch, so accumulating them gives the
         # loss of the whole mini-batch: by tokens over all ranks for token-mean (FSDP then averages over
         # ranks, hence x world), by rows for the per-sequence modes.
-        if agg_mode == "token-mean":
+        if "token-mean" in modes:
             global_tokens = all_reduce_scalar(float(mini_batch.batch["response_mask"].sum()))
-            for m in micros:
-                m.meta_info["loss_scale"] = float(m.batch["response_mask"].sum()) * world / max(global_tokens, 1.0)
-        else:
-            for m in micros:
-                m.meta_info["loss_scale"] = len(m) / mini
+        for m in micros:
+            m.meta_info["loss_scales"] = {
+                mode: float(m.batch["response_mask"].sum()) * world / max(global_tokens, 1.0)
+                if mode == "token-mean" else len(m) / mini for mode in modes}
+            m.meta_info["loss_scale"] = m.meta_info["loss_scales"][agg_mode]
         stats = engine.train_step(micros, loss_fn)
         for key, values in stats.items():
             if key.split("/", 1)[-1] in LOSS_METRICS and key.startswith(f"{role}/"):
-                mini_batch_loss = sum(float(v) * m.meta_info["loss_scale"] for v, m in zip(values, micros))
+                mode = metric_modes.get(key, agg_mode)
+                mini_batch_loss = sum(float(v) * m.meta_info["loss_scales"][mode] for v, m in zip(values, micros))
                 losses[key] = losses.get(key, 0.0) + mini_batch_loss
             elif "/" in key:  # <role>/..., and a loss's own groups (rollout_corr/...); not the engine's grad_norm, lr
                 metrics[key].extend(values)
@@ -147,7 +158,9 @@ class DataParallelPPOActor:
     def update_policy(self, data: DataProto, *, temperature: float) -> tuple[dict[str, list[float]], DataProto | None]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
 
-        Each micro-batch loss is scaled to its share of the mini-batch (see :func:`run_mini_batches`).
+        Each micro-batch loss is scaled to its share of the mini-batch (see :func:`run_mini_batches`): the
+        policy loss by the aggregation its registration declares (gspo, sapo, geo_mean: by sequences), else
+        by ``loss_agg_mode``, as the KL and entropy terms; ``actor/pg_loss`` is weighted the same way.
         The LR scheduler is not stepped here (the worker steps it once per training step).
 
         Without ``old_log_probs`` in ``data`` the update must be exactly on-policy (one epoch, one
@@ -187,12 +200,20 @@ class DataParallelPPOActor:
                         "entropys": torch.zeros_like(data.batch["response_mask"], dtype=torch.float32)}
         expert_load = ExpertLoad() if self.routing is not None else None
         loss_fn = self._make_loss_fn(temperature, recorded, expert_load)
+        pg_agg_mode = policy_loss_agg_mode(self._policy_loss_fn(), config.loss_agg_mode)
         metrics = run_mini_batches(self.engine, data, config, "actor", self.mini_batch_size, self.micro_batch_size,
-                                   self.max_token_len, loss_fn)
+                                   self.max_token_len, loss_fn, loss_agg_modes={"pg_loss": pg_agg_mode})
         metrics.setdefault("actor/kl_loss", [0.0])  # logged without KL loss too, as the original does
         if expert_load is not None:
             metrics.update({key: [value] for key, value in expert_load.metrics("actor/moe").items()})
         return metrics, (DataProto(batch=recorded) if recorded is not None else None)
+
+    def _policy_loss_fn(self):
+        """The registered policy loss of ``policy_loss.loss_mode``; in bypass mode (the old log-probs are
+        the rollout's) the ``bypass_mode`` loss, which applies the rollout correction itself."""
+        config = self.config
+        bypass = config.policy_loss.rollout_correction.bypass_mode
+        return get_policy_loss_fn("bypass_mode" if bypass else config.policy_loss.loss_mode)
 
     def _make_loss_fn(self, temperature: float, recorded: dict[str, torch.Tensor] | None = None,
                       expert_load: ExpertLoad | None = None):
@@ -202,10 +223,10 @@ class DataParallelPPOActor:
         auxiliary loss when its config asks for it (:mod:`verl.models.moe`), reports it as
         ``actor/moe/aux_loss`` and adds each forward's expert loads to ``expert_load``."""
         config = self.config
-        # Bypass mode: the old log-probs are the rollout's, and its loss applies the rollout correction itself.
-        bypass = config.policy_loss.rollout_correction.bypass_mode
-        policy_loss_fn = get_policy_loss_fn("bypass_mode" if bypass else config.policy_loss.loss_mode)
+        policy_loss_fn = self._policy_loss_fn()
         agg_mode, scale_factor = config.loss_agg_mode, config.loss_scale_factor
+        # A loss that aggregates its own way (gspo, sapo, geo_mean: per sequence) is weighted by its own mode.
+        pg_agg_mode = policy_loss_agg_mode(policy_loss_fn, agg_mode)
         entropy_coeff = float(config.entropy_coeff)
         report_entropy = entropy_coeff != 0 or config.calculate_entropy
         need_entropy = report_entropy or recorded is not None
@@ -234,23 +255,25 @@ class DataParallelPPOActor:
             pg_loss, pg_metrics = policy_loss_fn(
                 old_log_prob=old_log_prob, log_prob=log_prob, advantages=batch["advantages"],
                 response_mask=mask, loss_agg_mode=agg_mode, config=config, **weights)
-            loss = pg_loss
+            # Each term times this micro-batch's share of the mini-batch under the term's aggregation.
+            scale = micro.meta_info["loss_scale"]
+            loss = pg_loss * (scale if pg_agg_mode == agg_mode else micro.meta_info["loss_scales"][pg_agg_mode])
             # A loss's own metrics are actor/<name>; names with a group of their own (rollout_corr/...) stay.
             metrics = {"actor/pg_loss": pg_loss.detach(),
                        **{k if "/" in k else f"actor/{k}": v for k, v in pg_metrics.items()}}
             if report_entropy:
                 entropy_mean = agg_loss(entropy, mask, agg_mode, scale_factor)
                 if entropy_coeff != 0:
-                    loss = loss - entropy_coeff * entropy_mean
+                    loss = loss - entropy_coeff * entropy_mean * scale
                 metrics["actor/entropy"] = entropy_mean.detach()
             if use_kl_loss:
                 kl = agg_loss(kl_penalty(log_prob, batch["ref_log_prob"], kl_type), mask, agg_mode, scale_factor)
-                loss = loss + kl_coef * kl
+                loss = loss + kl_coef * kl * scale
                 metrics.update({"actor/kl_loss": kl.detach(), "actor/kl_coef": kl_coef})
             if routing is not None:
                 if routing.add_aux_loss:
-                    loss = loss + routing.aux_loss_coef * aux_loss
+                    loss = loss + routing.aux_loss_coef * aux_loss * scale
                 metrics["actor/moe/aux_loss"] = aux_loss.detach()
-            return loss * micro.meta_info["loss_scale"], metrics
+            return loss, metrics
 
         return loss_fn
