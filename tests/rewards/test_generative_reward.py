@@ -176,18 +176,175 @@ def test_the_router_refuses_a_prompt_longer_than_the_judges_prompt_length(judge_
 
 def test_the_reward_loop_keys_flow_into_the_typed_config():
     from verl.trainer.config.config import CustomRewardFunctionConfig
-    from verl.rewards.generative import uses_generative_reward
     from verl.workers.config import RewardModelConfig
+    from verl.workers.config.reward_model import uses_generative_reward
 
     config = RewardModelConfig.from_config({"enable": True, "rollout": {"name": "hf", "response_length": 64},
                                             "num_workers": 8})
     assert (config.use_reward_loop, config.num_workers, config.rollout.name) == (True, 8, "hf")
     assert (config.rollout.response_length, config.rollout.prompt_length) == (64, 2048)  # the yaml's 2048
-    custom = CustomRewardFunctionConfig.from_config({"path": "genrm.py"})
-    assert uses_generative_reward(config, custom)
-    assert not uses_generative_reward(RewardModelConfig.from_config({"enable": True, "use_reward_loop": False}),
-                                      custom)
-    assert not uses_generative_reward(config, CustomRewardFunctionConfig())  # a classifier reward model
+    path = CustomRewardFunctionConfig.from_config({"path": "genrm.py"}).path
+    assert uses_generative_reward(config.enable, config.use_reward_loop, path)
+    assert not uses_generative_reward(True, False, path)  # use_reward_loop=false: a classifier reward model
+    assert not uses_generative_reward(False, True, path)  # no reward model
+    assert not uses_generative_reward(True, True, CustomRewardFunctionConfig().path)  # a classifier reward model
+
+
+# ----------------------------------------------------------------------------------- the router, without a model
+def _router(tokenizer, **rollout):
+    from verl.rewards.generative import JudgeRouter
+    from verl.workers.config import RewardModelConfig
+
+    config = RewardModelConfig.from_config({"rollout": {"prompt_length": 32, "response_length": 16, **rollout}})
+    return JudgeRouter(tokenizer, config.rollout, "judge")
+
+
+def _echo(prompts: DataProto) -> DataProto:
+    """A stand-in judge that answers each prompt with the prompt's own tokens."""
+    rows = [ids[mask.bool()] for ids, mask in zip(prompts.batch["input_ids"], prompts.batch["attention_mask"])]
+    width = max(len(r) for r in rows)
+    responses = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        responses[i, :len(row)], mask[i, :len(row)] = row, 1
+    return DataProto.from_dict({"responses": responses, "response_mask": mask})
+
+
+def _post(address: str, payload, path: str = "/v1/completions", timeout: float = 30) -> tuple[int, dict]:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    request = urllib.request.Request(f"http://{address}{path}", data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_router_serves_hundreds_of_clients_connecting_at_once(tiny_tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+
+    clients = 300  # far more than socketserver's default listen backlog of 5
+    router = _router(tiny_tokenizer, max_num_seqs=clients)
+    served = []
+    router.attach(lambda prompts: served.append(len(prompts)) or _echo(prompts))
+    start = threading.Barrier(clients)
+
+    def ask(i):
+        start.wait()
+        return _post(router.address, {"prompt": f"row {i}", "max_tokens": 16})
+
+    try:
+        with ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(ask, range(clients)))
+    finally:
+        router.close()
+    assert [status for status, _ in answers] == [200] * clients
+    assert [body["choices"][0]["text"] for _, body in answers] == [f"row {i}" for i in range(clients)]
+    assert sum(served) == clients  # each request generated once
+
+
+def test_the_router_answers_a_bad_request_with_400_naming_what_is_wrong(tiny_tokenizer, monkeypatch):
+    router = _router(tiny_tokenizer)
+    router.attach(_echo)
+    chat = "/v1/chat/completions"
+    try:
+        cases = [
+            (b"[1, 2]", chat, "the request body must be a JSON object, got a JSON array"),
+            (b"{not json", chat, "the request body is not JSON"),
+            ({"prompt": "hi", "max_tokens": -3}, "/v1/completions", "'max_tokens' must be a positive integer, got -3"),
+            ({"prompt": "hi", "max_completion_tokens": 0}, "/v1/completions",
+             "'max_completion_tokens' must be a positive integer, got 0"),
+            ({"prompt": "hi", "max_tokens": "8"}, "/v1/completions", "'max_tokens' must be a positive integer"),
+            ({"prompt": "hi", "temperature": "hot"}, "/v1/completions", "'temperature' must be a number, got 'hot'"),
+            ({"messages": [{"role": "user"}]}, chat, "the judge's chat template cannot render 'messages'"),
+        ]
+        for payload, path, message in cases:
+            status, body = _post(router.address, payload, path)
+            assert (status, body["error"]["type"]) == (400, "BadRequestError"), payload
+            assert message in body["error"]["message"], (payload, body)
+        # The router still serves good requests after the bad ones.
+        assert _post(router.address, {"prompt": "fine"})[1]["choices"][0]["text"] == "fine"
+        # An unexpected failure while answering: 500 with its text, not a dropped connection.
+        monkeypatch.setattr(router, "reply", lambda request: 1 / 0)
+        status, body = _post(router.address, {"prompt": "fine"})
+        assert status == 500 and "ZeroDivisionError: division by zero" in body["error"]["message"]
+    finally:
+        router.close()
+
+
+def test_a_failing_judge_fails_every_waiting_and_later_request_fast(tiny_tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+    import time
+
+    from verl.rewards.generative import JudgeFailed
+
+    router = _router(tiny_tokenizer)
+    calls = []
+
+    def dead_worker(prompts):
+        calls.append(len(prompts))
+        raise RuntimeError("the reward-model worker died")
+
+    router.attach(dead_worker)
+    begin = time.monotonic()
+    try:
+        with ThreadPoolExecutor(8) as pool:  # different max_tokens: separate generations of one gathering
+            answers = list(pool.map(lambda i: _post(router.address, {"prompt": f"row {i}", "max_tokens": 1 + i % 2}),
+                                    range(8)))
+        later = _post(router.address, {"prompt": "again"})
+    finally:
+        router.close()
+    assert time.monotonic() - begin < 10
+    for status, body in [*answers, later]:
+        assert status == 500
+        assert body["error"]["message"] == ("the judge failed to generate: RuntimeError: the reward-model worker died")
+    assert len(calls) == 1  # nothing generates after the failure
+    with pytest.raises(JudgeFailed, match="reward_model.model.path=judge.*the reward-model worker died"):
+        router.raise_if_failed()
+
+
+def test_a_stuck_or_missing_judge_answers_503(tiny_tokenizer, monkeypatch):
+    import threading
+
+    from verl.rewards import generative
+
+    monkeypatch.setattr(generative, "_ATTACH_TIMEOUT_S", 0.2)
+    router = _router(tiny_tokenizer)  # never attached
+    try:
+        status, body = _post(router.address, {"prompt": "hi"})
+    finally:
+        router.close()
+    assert status == 503 and "were not attached to the judge within 0 s" in body["error"]["message"]
+
+    monkeypatch.setattr(generative, "_ANSWER_TIMEOUT_S", 0.5)
+    release = threading.Event()
+    router = _router(tiny_tokenizer)
+    router.attach(lambda prompts: release.wait() and _echo(prompts))
+    try:
+        status, body = _post(router.address, {"prompt": "hi"})
+        later = _post(router.address, {"prompt": "again"}, timeout=0.4)  # fails at once: no second wait
+    finally:
+        release.set()
+        router.close()
+    assert status == 503 and "the judge gave no answer within 0 s" in body["error"]["message"]
+    assert later == (status, body)
+
+
+def test_a_judge_failure_stops_the_scoring_with_its_error(judge_dir, tiny_tokenizer, genrm_file):
+    from verl.rewards.generative import JudgeFailed
+
+    reward = load_reward_manager(reward_config(judge_dir, genrm_file), tiny_tokenizer, num_examine=0)
+
+    def dead_worker(prompts):
+        raise RuntimeError("the reward-model worker died")
+
+    reward.router.attach(dead_worker)
+    try:
+        with pytest.raises(JudgeFailed, match="failed to generate: RuntimeError: the reward-model worker died"):
+            reward(policy_batch(tiny_tokenizer, ["4", "6"]))
+    finally:
+        reward.close()
 
 
 def _validate(judge_dir, genrm_file, *overrides):

@@ -21,11 +21,11 @@ from typing import Any, Callable
 import torch
 
 from verl.protocol import DataProto
-from verl.rewards.generative import GENRM_KWARGS, uses_generative_reward
+from verl.rewards.generative import GENRM_KWARGS
 from verl.rewards.managers import DAPORewardManager, REWARD_MANAGER_REGISTRY, get_reward_manager_cls
 from verl.rewards.managers.naive import NaiveRewardManager
 from verl.trainer.config.config import CustomRewardFunctionConfig, DataConfig
-from verl.workers.config.reward_model import RewardModelConfig
+from verl.workers.config.reward_model import RewardModelConfig, uses_generative_reward
 
 __all__ = ["compute_reward", "compute_reward_async", "find_reward_manager_cls", "get_custom_reward_fn",
            "load_reward_manager"]
@@ -113,7 +113,7 @@ def get_custom_reward_fn(config) -> Callable | None:
 
     manager_cls = find_reward_manager_cls(reward_model.reward_manager, path)
     expected = _score_params(manager_cls)
-    if uses_generative_reward(reward_model, custom):
+    if uses_generative_reward(reward_model.enable, reward_model.use_reward_loop, custom.path):
         expected += GENRM_KWARGS  # the judge's address and tokenizer (verl.rewards.generative)
     _check_signature(fn, name, path, expected, reward_kwargs)
     return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
@@ -152,7 +152,7 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     if issubclass(manager_cls, DAPORewardManager):
         kwargs.update(max_resp_len=data.max_response_length, overlong_buffer_cfg=reward_model.overlong_buffer)
     kwargs.update(reward_kwargs)
-    if uses_generative_reward(reward_model, custom):
+    if uses_generative_reward(reward_model.enable, reward_model.use_reward_loop, custom.path):
         from verl.models import load_tokenizer
         from verl.rewards.generative import GenerativeReward
 

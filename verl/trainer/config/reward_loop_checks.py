@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from verl.trainer.config.checks import Issue, Run, _format, _positive_int, error, warn
+from verl.workers.config.reward_model import uses_generative_reward
 from verl.workers.rollout.registry import check_rollout_name, ignored_config_keys
 
 RM = "reward_model"
@@ -19,8 +20,8 @@ def _set(run: Run, key: str) -> bool:
 
 
 def check_reward_loop(run: Run) -> Iterator[Issue]:
-    generative = bool(run.get(f"{RM}.enable") and run.get(f"{RM}.use_reward_loop")
-                      and run.get("custom_reward_function.path"))
+    generative = uses_generative_reward(run.get(f"{RM}.enable"), run.get(f"{RM}.use_reward_loop"),
+                                        run.get("custom_reward_function.path"))
     if _set(run, f"{RM}.num_workers"):
         scored = (f"the rows are scored on threads of the driver, up to {JUDGE}.max_num_seqs at once" if generative
                   else "rewards are computed by the reward manager in the driver")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from verl.rewards.generative import uses_generative_reward
+from verl.workers.config.reward_model import uses_generative_reward
 from verl.single_controller import ClassWithInitArgs
 from verl.trainer.config.spec import RunSpec
 from verl.utils import startup
@@ -51,7 +51,8 @@ class WorkerGroups:
         if spec.use_critic:
             roles["critic"] = ClassWithInitArgs(CriticWorker, config=spec.critic, nccl_timeout_s=timeout)
         if spec.use_rm:
-            generative = uses_generative_reward(spec.reward_model, spec.custom_reward_function)
+            generative = uses_generative_reward(spec.reward_model.enable, spec.reward_model.use_reward_loop,
+                                                spec.custom_reward_function.path)
             roles["rm"] = ClassWithInitArgs(RewardModelWorker, config=spec.reward_model, nccl_timeout_s=timeout,
                                             generative=generative)
         with startup.DRIVER.phase("workers"):

@@ -9,7 +9,7 @@ from verl.utils.profiler.config import ProfilerConfig
 from verl.workers.config.model import ModelConfig
 from verl.workers.config.rollout import RolloutConfig
 
-__all__ = ["OverlongBufferConfig", "RewardModelConfig"]
+__all__ = ["OverlongBufferConfig", "RewardModelConfig", "uses_generative_reward"]
 
 
 @section("reward_model.overlong_buffer")
@@ -57,3 +57,9 @@ class RewardModelConfig(BaseConfig):
         if "enable" not in self._given and out.get(f"{prefix}.model.path") is not None:
             out[f"{prefix}.enable"] = True
         return out
+
+
+def uses_generative_reward(enable: bool | None, use_reward_loop: bool | None, custom_reward_path: str | None) -> bool:
+    """Whether the reward model is a generative judge (:mod:`verl.rewards.generative`) rather than a sequence
+    classifier: ``reward_model.enable``, ``reward_model.use_reward_loop`` and a ``custom_reward_function.path``."""
+    return bool(enable and use_reward_loop and custom_reward_path)
