@@ -157,3 +157,30 @@ def test_config_validation_finds_a_manager_the_custom_file_registers(user_file):
     assert issues("naive", None) == []
     [message] = issues("not_in_the_file", user_file)
     assert "reward_model.reward_manager" in message and "'not_in_the_file' is not a known reward manager" in message
+
+
+def test_an_edited_custom_file_registers_its_new_version(tmp_path):
+    """A long-lived session: the custom reward file registers a manager, is edited, and is loaded again. The new
+    version is imported anew and replaces its own earlier definition (same class, same file) instead of failing
+    as a duplicate; another class under a taken name still fails."""
+    from verl.rewards.loading import find_reward_manager_cls
+
+    path = tmp_path / "my_reward.py"
+    source = ("from verl.workers.reward_manager import register\n"
+              "from verl.rewards.managers.naive import NaiveRewardManager\n\n"
+              "@register('edited_surface_manager')\nclass Mine(NaiveRewardManager):\n    VERSION = {}\n")
+    try:
+        path.write_text(source.format(1))
+        assert find_reward_manager_cls("edited_surface_manager", str(path)).VERSION == 1
+        path.write_text(source.format(2))
+        from verl.rewards.loading import _load_module
+
+        _load_module(str(path))
+        assert find_reward_manager_cls("edited_surface_manager", str(path)).VERSION == 2
+        path.write_text(source.replace("class Mine", "class Other").format(3))
+        with pytest.raises(ImportError, match="edited_surface_manager has already been registered"):
+            _load_module(str(path))
+    finally:
+        from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
+
+        REWARD_MANAGER_REGISTRY.pop("edited_surface_manager", None)

@@ -51,14 +51,44 @@ def test_memory_bomb_is_refused_memory():
     assert result.status == "memory_limit" and "allocated" not in result.stdout
 
 
+FORK_BOMB_CHECK = """
+import ctypes, json, os, time
+from verl.sandbox.process import SandboxLimits, run_python
+# This process becomes the reaper of its orphaned descendants: a process the sandbox left behind stays counted here.
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+code = ("import os\\nfor _ in range(10000):\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n"
+        "import time\\ntime.sleep(30)")
+result = run_python(code, limits=SandboxLimits(wall_seconds=3, max_processes=16))
+deadline = time.time() + 5  # the escaped would sleep 30 s: still here then
+while True:
+    while True:  # reap what has exited
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    left = DESCENDANTS()
+    if not left or time.time() > deadline:
+        break
+    time.sleep(0.1)
+print(json.dumps({"status": result.status, "left": left}))
+"""
+
+
 def test_fork_bomb_is_contained_and_leaves_no_process_behind():
-    before = _processes()
-    code = ("import os\nfor _ in range(10000):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-            "import time\ntime.sleep(30)")
-    result = run_python(code, limits=SandboxLimits(wall_seconds=3, max_processes=16))
-    assert result.status == "timeout"
-    time.sleep(0.5)
-    assert _processes() <= before + 2  # the PID namespace died with its first process
+    """Run in a child that is the subreaper of its descendants, so that a process escaping the sandbox would be
+    reparented to it and counted (other programs on the machine are not)."""
+    import inspect
+    import json
+    import subprocess
+    import sys
+
+    script = inspect.getsource(_processes).replace("def _processes", "def DESCENDANTS") + FORK_BOMB_CHECK
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "timeout"
+    assert result["left"] == 0  # the PID namespace died with its first process
 
 
 def test_the_project_and_the_host_filesystem_are_invisible():
@@ -115,7 +145,25 @@ def test_without_namespaces_nothing_runs(monkeypatch):
 
 
 def _processes() -> int:
-    return sum(1 for name in os.listdir("/proc") if name.isdigit())
+    """Processes descended from this one (other programs on the machine come and go: not counted)."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                pass
+    me, count = os.getpid(), 0
+    for pid in parents:
+        if pid == me:
+            continue
+        seen = set()
+        while pid in parents and pid not in seen and pid != me:
+            seen.add(pid)
+            pid = parents[pid]
+        count += pid == me
+    return count
 
 
 def test_no_capabilities_so_no_chroot_escape_and_no_remount():

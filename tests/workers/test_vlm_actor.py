@@ -85,6 +85,9 @@ def test_hf_rollout_never_samples_the_image_placeholders(vlm_dir):  # noqa: F811
                                "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}})
     out = HFRollout(config, model, processor.tokenizer).generate_sequences(prompts)
     assert not torch.isin(out.batch["responses"], torch.tensor(placeholders)).any()
+    # top_k=1 keeps the best token that can be sampled (filtering first would keep only a placeholder: no token left)
+    top1 = HFRollout(OmegaConf.merge(config, {"top_k": 1}), model, processor.tokenizer).generate_sequences(prompts)
+    assert not torch.isin(top1.batch["responses"], torch.tensor(placeholders)).any()
     with torch.no_grad():  # through the lm_head module (and its hook), as generate's logits are
         logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
                        position_ids=out.batch["position_ids"].transpose(0, 1),

@@ -86,7 +86,11 @@ class PPOTrainer:
                 raise TypeError(f"PPOTrainer takes either a composed config or its parts, not both (got config and "
                                 f"{', '.join(others)}). Change the config first, e.g. OmegaConf.update(config, key, "
                                 "value), or build it from parts with build_ppo_config")
-            self.config = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
+            from verl.trainer.config.reward_section import map_reward_section
+
+            # a config composed elsewhere: its reward.* keys reach the keys read here, as compose_config maps them
+            self.config = map_reward_section(config if isinstance(config, DictConfig)
+                                             else OmegaConf.create(dict(config)))
         else:
             sources = [*_section_sources(sections), *shorthands.items()]
             self.config = _build(sources, overrides)

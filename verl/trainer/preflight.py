@@ -18,6 +18,7 @@ import urllib.parse
 from omegaconf import OmegaConf
 
 from verl.trainer.config import ConfigError
+from verl.trainer.config.spec import joins_ray_cluster
 
 ACTOR_MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path")
 
@@ -104,7 +105,7 @@ def preflight_errors(config, cuda_available: bool | None = None) -> list[str]:
             if "://" not in path and not os.path.exists(os.path.expanduser(path)):
                 errors.append(f"data.{key}: {path!r} does not exist. Give the parquet file(s) the preprocessing "
                               "script wrote (e.g. python3 examples/data_preprocess/gsm8k.py --local_dir DIR)")
-    joins_cluster = bool(os.environ.get("RAY_ADDRESS")) or bool(get("ray_kwargs.ray_init.address"))
+    joins_cluster = joins_ray_cluster(get)
     errors += _model_id_errors(config, joins_cluster)
     if get("trainer.device") == "cuda" and not joins_cluster:
         if cuda_available is None:

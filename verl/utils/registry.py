@@ -25,6 +25,20 @@ def _describe(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
+def _same_definition(existing: Any, new: Any) -> bool:
+    """Whether ``new`` is the same definition as ``existing`` run again: one qualified name in one source file
+    (``inspect.getsourcefile``; False when unknown), as after a module reload or a re-import of an edited file."""
+    import inspect
+
+    if getattr(existing, "__qualname__", None) != getattr(new, "__qualname__", None):
+        return False
+    try:
+        first, second = inspect.getsourcefile(existing), inspect.getsourcefile(new)
+    except TypeError:  # builtins
+        return False
+    return first is not None and first == second
+
+
 class Registry(dict):
     """A dict of name -> implementation, filled by the :meth:`register` decorator.
 
@@ -41,13 +55,15 @@ class Registry(dict):
 
     def register(self, name: Any):
         """Decorator adding a function or class under ``name``. Registering the same object again is
-        fine (a module reload); a different one raises ValueError, or replaces it when ``replaces``."""
+        fine; so is a new version of the same definition (same qualified name and source file: a module
+        reloaded, or a custom reward file edited and imported again), which replaces the old one with a warning. A different one raises
+        ValueError, or replaces it when ``replaces``."""
         key = as_name(name)
 
         def decorator(obj):
             existing = dict.get(self, key)
             if existing is not None and existing is not obj:
-                if not self.replaces:
+                if not (self.replaces or _same_definition(existing, obj)):
                     raise ValueError(self.duplicate_message(key, existing, obj))
                 logger.warning("%s %r: %s replaces %s", self.kind, key, _describe(obj), _describe(existing))
             self[key] = obj

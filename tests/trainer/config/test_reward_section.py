@@ -186,3 +186,15 @@ def test_keys_nothing_reads_here_draw_one_warning_each():
     ]
     # max_resp_len equal to the length the dapo manager reads: the same setting, nothing to say.
     assert _issues("+reward.reward_kwargs.max_resp_len=512") == ([], None)
+
+
+def test_a_config_built_in_python_is_mapped_by_the_trainer():
+    """A config the user composed or edited in Python (not through compose_config) gets the same mapping when a
+    PPOTrainer is built from it: setting reward.* there is no conflict with the key it stands for."""
+    from verl.trainer import PPOTrainer
+
+    config = compose_ppo_config(SEED)
+    OmegaConf.update(config, "reward.reward_model.model_path", "models/rm")
+    OmegaConf.update(config, "reward.num_workers", 3)
+    trainer = PPOTrainer(config=config)
+    assert trainer.config.reward_model.model.path == "models/rm" and trainer.config.reward_model.num_workers == 3

@@ -151,10 +151,19 @@ def test_resolve_run_derives_once_and_leaves_the_config_alone():
     (["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.backend=ray"], "ray"),  # asked for: kept
     (["trainer.backend=local"], "local"),  # asked for (check_backend refuses it with 2 nodes)
 ])
-def test_auto_backend_is_local_for_one_worker_only(overrides, backend):
+def test_auto_backend_is_local_for_one_worker_only(overrides, backend, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = run_config(*overrides)
     assert worker_backend(lambda key: OmegaConf.select(config, key)) == backend
     assert resolve_run(config, choose_checkpointing=False, choose_engine=False).trainer.backend == backend
+
+
+def test_auto_backend_joins_the_cluster_ray_job_submit_names(monkeypatch):
+    """``ray job submit`` sets RAY_ADDRESS for the entry point: a run of one worker then goes to the cluster."""
+    config = run_config("trainer.nnodes=1", "trainer.n_gpus_per_node=1")
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert worker_backend(lambda key: OmegaConf.select(config, key)) == "ray"
+    assert resolve_run(config, choose_checkpointing=False, choose_engine=False).trainer.backend == "ray"
 
 
 def test_a_set_total_wins_and_a_too_small_set_names_the_key():

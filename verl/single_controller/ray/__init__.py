@@ -278,7 +278,7 @@ def _master_address(bundles: list[_Bundle]) -> tuple[str, int]:
 class _Actors:
     """The actors of one spawn, shared by the role views of colocated groups."""
 
-    def __init__(self, pool: ResourcePool, actor_cls, args: tuple, kwargs: dict, name: str,
+    def __init__(self, pool: worker_group.ResourcePool, actor_cls, args: tuple, kwargs: dict, name: str,
                  device: str | None):
         device = device or ("cuda" if pool.use_gpu else "cpu")
         if device == "cuda" and not pool.use_gpu:

@@ -13,6 +13,7 @@ the same functions below, so a derived setting is decided in one place.
 from __future__ import annotations
 
 import dataclasses
+import os
 import functools
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -44,12 +45,18 @@ def need_reference_policy(use_kl_in_reward: bool, use_kl_loss: bool) -> bool:
     return bool(use_kl_in_reward) or bool(use_kl_loss)
 
 
+def joins_ray_cluster(get: Callable[[str], Any]) -> bool:
+    """Whether the run joins a running Ray cluster (``ray_kwargs.ray_init.address``, or ``RAY_ADDRESS`` as
+    ``ray job submit`` sets it) instead of starting its own; ``get``: the value of a dotted key."""
+    return bool(get("ray_kwargs.ray_init.address")) or bool(os.environ.get("RAY_ADDRESS"))
+
+
 def worker_backend(get: Callable[[str], Any]) -> str:
     """The backend a run's workers use: ``trainer.backend`` (``get``: the value of a dotted key), with ``auto``
     resolved. ``auto`` runs the workers in the driver's process (``local``) when the whole run is one worker:
     one node of one device (``trainer.nnodes=1``, ``trainer.n_gpus_per_node=1``), no role on devices of its own
     (``critic``/``reward_model.enable_resource_pool``, ``separate_async``'s rollout pool) and no Ray cluster to
-    join (``ray_kwargs.ray_init.address``); otherwise Ray. One process has nothing to schedule, and skipping
+    join (:func:`joins_ray_cluster`); otherwise Ray. One process has nothing to schedule, and skipping
     Ray's start and a worker process's imports takes about 13 s off the first step on a GPU
     (docs/benchmarks.md)."""
     backend = get("trainer.backend")
@@ -57,7 +64,7 @@ def worker_backend(get: Callable[[str], Any]) -> str:
         return backend
     one_worker = (get("trainer.nnodes") == 1 and get("trainer.n_gpus_per_node") == 1
                   and not get("critic.enable_resource_pool") and not get("reward_model.enable_resource_pool")
-                  and get("trainer.v1.trainer_mode") != "separate_async" and not get("ray_kwargs.ray_init.address"))
+                  and get("trainer.v1.trainer_mode") != "separate_async" and not joins_ray_cluster(get))
     return "local" if one_worker else "ray"
 
 

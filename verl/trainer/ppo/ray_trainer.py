@@ -29,7 +29,7 @@ from omegaconf import OmegaConf, open_dict
 from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller, rollout_correction
 from verl.data import create_rl_sampler, make_dataloader
 from verl.protocol import DataProto, object_array
-from verl.rewards.generative import GenerativeReward, uses_generative_reward
+from verl.rewards.generative import GenerativeReward
 from verl.rewards.loading import compute_reward
 from verl.trainer.config.spec import prompts_per_round, resolve_run
 from verl.trainer.ppo import checkpointing
@@ -43,6 +43,7 @@ from verl.utils.profiler import marked_timer
 from verl.utils.flops_counter import FlopsCounter
 from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
 from verl.utils.tracking import Tracking
+from verl.workers.config.reward_model import uses_generative_reward
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,8 @@ class RayPPOTrainer:
 
     def _add_model_scores(self, batch: DataProto) -> DataProto:
         """The reward model's ``rm_scores`` (a sequence-classification model), which the reward function reads."""
-        if self.use_rm and not uses_generative_reward(self.spec.reward_model, self.spec.custom_reward_function):
+        rm, custom = self.spec.reward_model, self.spec.custom_reward_function
+        if self.use_rm and not uses_generative_reward(rm.enable, rm.use_reward_loop, custom.path):
             batch = batch.union(self.workers.rm.compute_rm_score(batch))
         return batch
 
@@ -250,7 +252,8 @@ class RayPPOTrainer:
                       "as its generation ends, while the trainer works on earlier batches")
         elif self.filter_groups:
             reason = "algorithm.filter_groups needs each round's scores to choose the prompt groups it keeps"
-        elif uses_generative_reward(self.spec.reward_model, self.spec.custom_reward_function):
+        elif uses_generative_reward(self.spec.reward_model.enable, self.spec.reward_model.use_reward_loop,
+                                    self.spec.custom_reward_function.path):
             reason = ("a generative judge generates on the reward-model workers, which may share devices (with "
                       "trainer.backend=local, the process) with the actor's: their calls are not overlapped")
         if reason is not None:

@@ -159,6 +159,10 @@ class HFRollout(BaseRollout):
                   extra: dict) -> tuple[torch.Tensor, torch.Tensor]:
         recorder = _SampledTokenLogProbs(params.temperature)
         processors = [recorder]
+        placeholders = placeholder_token_ids(self.module.config)
+        if placeholders:  # after the recorder (the log-probs stay the model's own, as the trainer computes them) and
+            # before top-k/top-p, so that the filters keep tokens that can be sampled
+            processors.append(SuppressTokensLogitsProcessor(placeholders, device=input_ids.device))
         sampling = {"do_sample": False}
         if not params.greedy:
             # HF's own warpers stay neutral (top_k=0 overrides its default of 50); ours run in order.
@@ -169,9 +173,6 @@ class HFRollout(BaseRollout):
                 processors.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
-        placeholders = placeholder_token_ids(self.module.config)
-        if placeholders:  # after the recorder: the log-probs stay the model's own, as the trainer computes them
-            processors.append(SuppressTokensLogitsProcessor(placeholders, device=input_ids.device))
         generation_config = GenerationConfig(
             max_new_tokens=params.response_length, num_beams=1, num_return_sequences=1, use_cache=True,
             eos_token_id=list(params.eos_token_ids) or None, pad_token_id=params.pad_token_id, **sampling)
