@@ -11,7 +11,7 @@ import torch
 
 from verl.trainer.config_validation import checked_config
 from verl.trainer.main_ppo import load_inputs
-from verl.trainer.ppo import ray_trainer
+from verl.trainer.ppo import ray_trainer, scoring
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 # Scores that differ per response and an extra-info column, so that a row given another row's score shows.
@@ -179,8 +179,8 @@ def test_where_scores_are_needed_at_once_they_are_scored_as_before_and_it_says_s
     config = checked_config(step_command(*setup, tmp_path, "reward_model.launch_reward_fn_async=True", *extra))
     assert config is not None, "the test's config is invalid (see stderr)"
     built = steps[True][0]  # the same tokenizer and data; the choice is made from the config alone
-    with caplog.at_level(logging.INFO, logger=ray_trainer.__name__):
+    with caplog.at_level(logging.INFO, logger=scoring.__name__):
         trainer = RayPPOTrainer(config, built.tokenizer, built.train_dataset)  # starts no workers
-    assert trainer._reward_thread is None
+    assert trainer.scoring.thread is None
     notes = [r.getMessage() for r in caplog.records if "launch_reward_fn_async" in r.getMessage()]
     assert len(notes) == 1 and reason in notes[0] and "no effect in this run" in notes[0]

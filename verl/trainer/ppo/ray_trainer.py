@@ -20,7 +20,6 @@ import logging
 import os
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ from omegaconf import OmegaConf, open_dict
 
 from verl.algorithms import agg_loss, apply_kl_penalty, compute_advantage, get_kl_controller, rollout_correction
 from verl.data import create_rl_sampler, make_dataloader
-from verl.protocol import DataProto, object_array
+from verl.protocol import DataProto
 from verl.rewards.generative import GenerativeReward
 from verl.rewards.loading import compute_reward
 from verl.trainer.config.spec import prompts_per_round, resolve_run
@@ -38,12 +37,12 @@ from verl.trainer.ppo.metric_utils import (
     compute_data_metrics, compute_rollout_probs_diff, compute_throughout_metrics, compute_timing_metrics, reduce_metrics
 )
 from verl.trainer.ppo.roles import WorkerGroups
+from verl.trainer.ppo.scoring import StepScoring
 from verl.trainer.ppo.validation import dump_generations, validate
 from verl.utils.profiler import marked_timer
 from verl.utils.flops_counter import FlopsCounter
 from verl.utils.seqlen_balancing import balance_batch_partitions, log_seqlen_unbalance
 from verl.utils.tracking import Tracking
-from verl.workers.config.reward_model import uses_generative_reward
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ class RayPPOTrainer:
         self.policy_version = 0  # actor updates so far: the version that tags what the rollout generates
         self.rollouts: AsyncRollout | None = None  # the asynchronous modes' groups in flight (see fit)
         self._reward_s = 0.0
-        self._reward_thread = self._background_reward_thread()  # reward_model.launch_reward_fn_async
+        self.scoring = StepScoring(self.spec, self.filter_groups)
         self._async_state: dict | None = None  # the groups in flight a resumed checkpoint holds
         self._sync_address: str | None = None  # where the weight-sync group meets (separate_async)
         self.workers: WorkerGroups | None = None
@@ -94,6 +93,7 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Start the worker groups (Ray actors or in-process) and load every model."""
         self.workers = WorkerGroups.create(self.spec)
+        self.scoring.rm = self.workers.rm
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if isinstance(reward_fn, GenerativeReward):  # the judge's requests go to the reward-model workers
                 reward_fn.router.attach(self.workers.rm.generate_sequences)
@@ -121,9 +121,7 @@ class RayPPOTrainer:
         return "unknown device"
 
     def shutdown(self) -> None:
-        if self._reward_thread is not None:  # a step stopped by an error may leave its batch being scored
-            self._reward_thread.shutdown(wait=False, cancel_futures=True)
-            self._reward_thread = None
+        self.scoring.close()
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if isinstance(reward_fn, GenerativeReward):
                 reward_fn.close()
@@ -219,75 +217,7 @@ class RayPPOTrainer:
         """Responses for a batch of prompts, with ``token_level_scores`` (and the reward's extra info)."""
         batch = self._generate(batch_dict, timing_raw)
         with marked_timer("reward", timing_raw):
-            return self._score(batch)
-
-    def _score(self, batch: DataProto) -> DataProto:
-        """``token_level_scores`` of finished rows (model reward first, when used), and the reward's extra info."""
-        batch = self._add_model_scores(batch)
-        scores, extra_info = compute_reward(batch, self.reward_fn)  # a generative judge is asked from inside
-        return self._add_scores(batch, scores, extra_info)
-
-    def _add_model_scores(self, batch: DataProto) -> DataProto:
-        """The reward model's ``rm_scores`` (a sequence-classification model), which the reward function reads."""
-        rm, custom = self.spec.reward_model, self.spec.custom_reward_function
-        if self.use_rm and not uses_generative_reward(rm.enable, rm.use_reward_loop, custom.path):
-            batch = batch.union(self.workers.rm.compute_rm_score(batch))
-        return batch
-
-    @staticmethod
-    def _add_scores(batch: DataProto, scores: torch.Tensor, extra_info: dict) -> DataProto:
-        batch.non_tensor_batch.update({k: object_array(v) for k, v in extra_info.items()})
-        batch.batch["token_level_scores"] = scores
-        return batch
-
-    def _background_reward_thread(self) -> ThreadPoolExecutor | None:
-        """``reward_model.launch_reward_fn_async``: the thread that scores a step's batch while the workers compute
-        its old/reference log-probs and values. A driver thread, not the original's Ray task, so that both
-        backends run it the same way. None when the key is off, or when the scores are needed at once."""
-        if not self.spec.reward_model.launch_reward_fn_async:
-            return None
-        reason = None
-        if self.spec.trainer.v1.asynchronous:
-            reason = (f"trainer.v1.trainer_mode={self.spec.trainer.v1.trainer_mode} already scores each prompt group "
-                      "as its generation ends, while the trainer works on earlier batches")
-        elif self.filter_groups:
-            reason = "algorithm.filter_groups needs each round's scores to choose the prompt groups it keeps"
-        elif uses_generative_reward(self.spec.reward_model.enable, self.spec.reward_model.use_reward_loop,
-                                    self.spec.custom_reward_function.path):
-            reason = ("a generative judge generates on the reward-model workers, which may share devices (with "
-                      "trainer.backend=local, the process) with the actor's: their calls are not overlapped")
-        if reason is not None:
-            logger.info("reward_model.launch_reward_fn_async=True has no effect in this run (no background "
-                        "scoring): %s", reason)
-            return None
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-reward")
-
-    def _score_in_background(self, batch: DataProto, timing_raw: dict) -> tuple[DataProto, Future]:
-        """Start scoring ``batch`` on the reward thread (the reward model's scores first, here); ``_join_scores``
-        adds the results. The reward reads its own copy of the rows as they are now: the step meanwhile
-        reorders them and adds columns, which the synchronous reward would not have seen either."""
-        with marked_timer("reward", timing_raw):
-            batch = self._add_model_scores(batch)
-        rows = DataProto(batch=batch.batch.clone(), non_tensor_batch=dict(batch.non_tensor_batch),
-                         meta_info=dict(batch.meta_info))
-
-        def score() -> tuple[torch.Tensor, dict, float]:
-            tic = time.perf_counter()
-            scores, extra_info = compute_reward(rows, self.reward_fn)
-            return scores, extra_info, time.perf_counter() - tic
-
-        return batch, self._reward_thread.submit(score)
-
-    def _join_scores(self, batch: DataProto, pending: Future, order: torch.Tensor | None,
-                     timing_raw: dict) -> DataProto:
-        """Wait for the reward thread's scores (its error, if it raised, is raised here) and add them to the batch,
-        in the batch's row ``order`` (``_balance_batch``). ``timing_s/reward`` counts the scoring, not the wait."""
-        scores, extra_info, seconds = pending.result()
-        timing_raw["reward"] = timing_raw.get("reward", 0.0) + seconds
-        if order is not None:
-            scores = scores[order]
-            extra_info = {k: object_array(v)[order.numpy()] for k, v in extra_info.items()}
-        return self._add_scores(batch, scores, extra_info)
+            return self.scoring.score(batch, self.reward_fn)
 
     def _keep_varied_groups(self, batch: DataProto, next_batch, timing_raw: dict, metrics: dict) -> DataProto:
         """DAPO's dynamic sampling: drop the prompt groups whose samples all have the same
@@ -428,8 +358,9 @@ class RayPPOTrainer:
                 batch.meta_info["global_steps"] = self.global_steps
                 timing_raw["reward"] = self._reward_s
                 metrics.update(async_metrics)
-            elif self._reward_thread is not None:  # launch_reward_fn_async: scored while the workers compute
-                batch, pending_scores = self._score_in_background(self._generate(batch_dict, timing_raw), timing_raw)
+            elif self.scoring.thread is not None:  # launch_reward_fn_async: scored while the workers compute
+                batch, pending_scores = self.scoring.start(self._generate(batch_dict, timing_raw), self.reward_fn,
+                                                            timing_raw)
             else:
                 batch = self._generate_and_score(batch_dict, timing_raw)
             if self.filter_groups and self.rollouts is None:
@@ -456,7 +387,7 @@ class RayPPOTrainer:
                     batch = batch.union(groups.critic.compute_values(batch))
             with marked_timer("adv", timing_raw):  # a wait for the reward thread counts here, as in the original
                 if pending_scores is not None:
-                    batch = self._join_scores(batch, pending_scores, order, timing_raw)
+                    batch = self.scoring.join(batch, pending_scores, order, timing_raw)
                 scores = batch.batch["token_level_scores"]
                 self._compute_advantage(batch, scores, metrics)
 
@@ -549,7 +480,7 @@ class RayPPOTrainer:
 
         def score(rows: DataProto) -> DataProto:
             tic = time.perf_counter()
-            rows = self._score(rows)
+            rows = self.scoring.score(rows, self.reward_fn)
             self._reward_s += time.perf_counter() - tic
             return rows
 
