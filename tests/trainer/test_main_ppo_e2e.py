@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pandas as pd
@@ -167,7 +168,9 @@ def assert_resume_matches(setup, tmp_path, name, run_dir, records, extra, monkey
 
 def assert_export_matches_training(step_dir, tmp_path):
     """The model merger turns the 2-rank actor shards into a Hugging Face folder whose weights and
-    logits equal the full model the live FSDP actor gathered at save time (huggingface/, hf_model)."""
+    logits equal the full model the live FSDP actor gathered at save time (huggingface/, hf_model).
+    Its command line's ``main`` runs in this process (``make demo``, tests/examples/test_demo.py, runs
+    ``python -m verl.model_merger`` itself)."""
     import torch
     from transformers import (
         AutoModelForCausalLM,
@@ -175,63 +178,92 @@ def assert_export_matches_training(step_dir, tmp_path):
         AutoTokenizer,
     )
 
+    from verl.model_merger.__main__ import main as merger
+
     actor = step_dir / "actor"
-    merger = [sys.executable, "-m", "verl.model_merger"]
-    subprocess.run([*merger, "test", "--backend", "fsdp", "--local_dir", str(actor),
-                    "--test_hf_dir", str(actor / "huggingface")], check=True, capture_output=True)
+    assert merger(["test", "--backend", "fsdp", "--local_dir", str(actor), "--test_hf_dir",
+                   str(actor / "huggingface")]) == 0
     target = tmp_path / "exported_actor"
-    subprocess.run([*merger, "merge", "--backend", "fsdp", "--local_dir", str(actor), "--target_dir", str(target)],
-                   check=True, capture_output=True)
+    assert merger(["merge", "--backend", "fsdp", "--local_dir", str(actor), "--target_dir", str(target)]) == 0
     exported = AutoModelForCausalLM.from_pretrained(target)
     gathered = AutoModelForCausalLM.from_pretrained(actor / "huggingface")
     ids = AutoTokenizer.from_pretrained(target)("#### 72 The answer is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(exported(ids).logits, gathered(ids).logits)
     critic_target = tmp_path / "exported_critic"
-    subprocess.run([*merger, "merge", "--backend", "fsdp", "--local_dir", str(step_dir / "critic"),
-                    "--target_dir", str(critic_target)], check=True, capture_output=True)
+    assert merger(["merge", "--backend", "fsdp", "--local_dir", str(step_dir / "critic"), "--target_dir",
+                   str(critic_target)]) == 0
     assert AutoModelForTokenClassification.from_pretrained(critic_target).config.num_labels == 1
+
+
+PPO_SAVING_HF = [*PPO, "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
+
+
+@pytest.fixture(scope="module")
+def ppo_on_one_ray_node(gsm8k_setup, tmp_path_factory, ray_session):
+    """Two PPO steps on two Ray workers of one node (run once: the two-node test compares with it)."""
+    extra = [*PPO_SAVING_HF, "trainer.backend=ray"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        run_dir, records = run(gsm8k_setup, tmp_path_factory.mktemp("ppo"), "ppo_ray", *extra, monkeypatch=monkeypatch)
+    return run_dir, records, extra
 
 
 @pytest.mark.parametrize("backend", ["ray", "local"])
 def test_ppo_with_critic_reference_and_kl_in_reward(backend, gsm8k_setup, tmp_path, monkeypatch, request):
     if backend == "ray":
-        request.getfixturevalue("ray_session")
-    extra = [*PPO, f"trainer.backend={backend}",
-             "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"]
-    if backend == "local":
-        extra.append("trainer.n_gpus_per_node=1")
-    run_dir, records = run(gsm8k_setup, tmp_path, f"ppo_{backend}", *extra, monkeypatch=monkeypatch)
+        run_dir, records, extra = request.getfixturevalue("ppo_on_one_ray_node")
+    else:
+        extra = [*PPO_SAVING_HF, "trainer.backend=local", "trainer.n_gpus_per_node=1"]
+        run_dir, records = run(gsm8k_setup, tmp_path, "ppo_local", *extra, monkeypatch=monkeypatch)
     assert_step_metrics(records, STEP_METRICS + CRITIC_METRICS + KL_IN_REWARD_METRICS)
     if backend == "ray":
         assert_checkpoints(run_dir, with_critic=True)
-        assert_resume_matches(gsm8k_setup, tmp_path, f"ppo_{backend}_resumed", run_dir, records, extra, monkeypatch)
+        assert_resume_matches(gsm8k_setup, tmp_path, "ppo_ray_resumed", run_dir, records, extra, monkeypatch)
         assert_export_matches_training(run_dir / "checkpoints" / "global_step_2", tmp_path)
 
 
 @pytest.mark.parametrize("backend", ["ray", "local"])
 def test_grpo_with_kl_loss(backend, gsm8k_setup, varied_reward, tmp_path, monkeypatch, request):
+    """On Ray, the two workers are on the session's two nodes (trainer.nnodes=2); one node of two workers
+    runs GRPO with KL loss in the LoRA and colocate_async tests."""
+    extra = [*GRPO, *varied_reward, f"trainer.backend={backend}", "trainer.n_gpus_per_node=1"]
     if backend == "ray":
-        request.getfixturevalue("ray_session")
-    extra = [*GRPO, *varied_reward, f"trainer.backend={backend}"]
-    if backend == "local":
-        extra.append("trainer.n_gpus_per_node=1")
+        assert len([n for n in request.getfixturevalue("ray_session").nodes() if n["Alive"]]) == 2
+        extra.append("trainer.nnodes=2")
     run_dir, records = run(gsm8k_setup, tmp_path, f"grpo_{backend}", *extra, monkeypatch=monkeypatch)
     assert_step_metrics(records, STEP_METRICS + KL_LOSS_METRICS)
     assert not any(k.startswith("critic/vf_") for k in records[0]["data"])
     assert all(r["data"]["critic/advantages/max"] > 0 for r in records)  # the policy gradient is not trivially 0
+    assert all(r["data"]["actor/kl_loss"] >= 0 for r in records)  # low_var_kl is never negative
     if backend == "local":
         assert_resume_matches(gsm8k_setup, tmp_path, "grpo_local_resumed", run_dir, records, extra, monkeypatch)
 
 
-def test_a_killed_worker_stops_the_run_with_a_clear_error(gsm8k_setup, tmp_path):
-    """SIGKILL one worker process mid-run: the CLI names the role and rank and exits non-zero fast."""
+def test_a_killed_worker_stops_the_run_with_a_clear_error(gsm8k_setup, tmp_path, ray_session):
+    """SIGKILL one worker process mid-run: the CLI names the role and rank and exits non-zero fast. The CLI
+    joins the session's Ray cluster through RAY_ADDRESS, as under ``ray job submit``."""
     run_dir = tmp_path / "killed"
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
            *article_command(gsm8k_setup, str(run_dir), *GRPO, "trainer.total_training_steps=50",
                             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.logger=['console']")]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The session's cluster listens on loopback only: init_ray joins it there (Ray alone would swap 127.0.0.1
+    # for the host's address and retry forever).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+
+    def worker_processes():  # the cluster's worker processes are children of its raylets, started here
+        found = {}
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "WorkerDict" in " ".join(p.cmdline()):
+                    found[p.pid] = p
+            except psutil.Error:  # ended meanwhile
+                pass
+        return found
+
+    earlier = set(worker_processes())  # workers of this session's earlier runs, should any linger
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    stuck = threading.Timer(180, proc.kill)  # a run that never reaches step 1 fails the test, not the session
+    stuck.start()
     output = []
     try:
         # wait for the first step line: the workers are up and training
@@ -239,14 +271,14 @@ def test_a_killed_worker_stops_the_run_with_a_clear_error(gsm8k_setup, tmp_path)
             output.append(line)
             if line.startswith("step:1 "):
                 break
-        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                   if "WorkerDict" in " ".join(p.cmdline())]
+        workers = [p for pid, p in sorted(worker_processes().items()) if pid not in earlier]
         assert len(workers) == 2, "".join(output)
         killed_at = time.monotonic()
         workers[1].send_signal(signal.SIGKILL)
         rest, _ = proc.communicate(timeout=60)
         elapsed = time.monotonic() - killed_at
     finally:
+        stuck.cancel()
         if proc.poll() is None:
             proc.kill()
     text = "".join(output) + rest
@@ -284,16 +316,16 @@ def test_critic_and_reward_model_can_have_devices_of_their_own(gsm8k_setup, tmp_
     assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 4)
 
 
-def test_two_nodes_give_the_one_node_result_and_resume(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
-                                                       ray_session):
+def test_two_nodes_give_the_one_node_result_and_resume(gsm8k_setup, tmp_path, monkeypatch, ray_session,
+                                                       ppo_on_one_ray_node):
     """trainer.nnodes=2 x n_gpus_per_node=1 on the session's two Ray nodes (rank 0's node serves the
     rendezvous): two PPO steps with critic and reference, checkpoints written by the ranks of both nodes,
-    the same numbers as the one-node run with two workers and the same global batch; resuming on two
-    nodes reproduces step 2; a GRPO step runs too."""
+    the same numbers, validation's included, as the one-node run with two workers and the same global batch;
+    resuming on two nodes reproduces step 2. (GRPO on two nodes: test_grpo_with_kl_loss[ray].)"""
     assert len([n for n in ray_session.nodes() if n["Alive"]]) == 2
-    two_nodes = [*PPO, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.test_freq=-1"]
+    two_nodes = [*PPO_SAVING_HF, "trainer.backend=ray", "trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
     run_dir, records = run(gsm8k_setup, tmp_path, "two_nodes", *two_nodes, monkeypatch=monkeypatch)
-    _, one_node = run(gsm8k_setup, tmp_path, "one_node", *PPO, "trainer.test_freq=-1", monkeypatch=monkeypatch)
+    one_node = ppo_on_one_ray_node[1]
     assert [r["step"] for r in records] == [r["step"] for r in one_node] == [1, 2]
     for spread, packed in zip(records, one_node):
         expected, got = learning_metrics(packed), learning_metrics(spread)
@@ -302,10 +334,6 @@ def test_two_nodes_give_the_one_node_result_and_resume(gsm8k_setup, varied_rewar
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
     assert_checkpoints(run_dir, with_critic=True)
     assert_resume_matches(gsm8k_setup, tmp_path, "two_nodes_resumed", run_dir, records, two_nodes, monkeypatch)
-    _, grpo = run(gsm8k_setup, tmp_path, "two_nodes_grpo", *GRPO, *varied_reward, "trainer.nnodes=2",
-                  "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.save_freq=-1",
-                  "trainer.test_freq=-1", monkeypatch=monkeypatch)
-    assert math.isfinite(grpo[0]["data"]["actor/pg_loss"]) and grpo[0]["data"]["actor/kl_loss"] >= 0
 
 
 # Every sample of a prompt whose answer has an even number of characters scores 0.5 (a group with no
@@ -652,7 +680,7 @@ def test_separate_async_sends_the_weights_to_a_rollout_of_its_own(gsm8k_setup, v
                      f"trainer.resume_from_path={run_dir}/checkpoints/global_step_2", monkeypatch=monkeypatch)
     assert [r["step"] for r in resumed] == [3] and resumed[0]["data"]["training/rollout_probs_diff_max"] < 1e-6
     _, ahead = run(gsm8k_setup, tmp_path, "separate1", *extra, "trainer.v1.sampler.max_off_policy_threshold=1",
-                   monkeypatch=monkeypatch)
+                   "trainer.total_training_steps=2", "trainer.save_freq=-1", monkeypatch=monkeypatch)
     assert max(r["data"]["async/staleness/max"] for r in ahead) == 1
     assert max(r["data"]["training/rollout_probs_diff_max"] for r in ahead) > 1e-6  # generated one update ago
 

@@ -1,12 +1,12 @@
 """Checks of the Triton sampler's kernels that run on a CPU through Triton's interpreter
 (``TRITON_INTERPRET=1``, set before Triton is imported). Run as a script by
-``test_triton_sampler_interpreter.py``; exits non-zero on the first failed check.
+``test_triton_sampler_interpreter.py`` (``python triton_sampler_checks.py [check ...]``: the named checks,
+else all); exits non-zero on the first failed check.
 
 Small rows split into many chunks and blocks, so every part of the search runs: the per-block key
 bounds, the digits settled across chunks, the switch from the top-k search to the top-p one, the chunk
 choice and the walk inside a chunk."""
 
-import math
 import os
 import sys
 
@@ -18,6 +18,7 @@ from verl.workers.rollout.native import triton_ops  # noqa: E402
 from verl.workers.rollout.native.sampling import filter_logits  # noqa: E402
 
 SMALL = {"chunk": 16, "block": 8}  # 61 tokens: four chunks of two blocks
+CHI2_7DF_P1E5 = 35.26  # the chi-square distribution with 7 degrees of freedom exceeds it with probability 1e-5
 
 
 def kept_from(logits, temperature, top_k, top_p):
@@ -77,31 +78,37 @@ def random_rows():
 
 
 def frequencies_and_seeds():
-    """Draws over two chunks: frequencies of the inverse-CDF walk (the filters only move where the walk may
-    stop, checked exactly above) and the seed's role."""
-    rows = 300
-    logits = torch.tensor([1.0, 0.0, 2.0, -1.0, 0.5, 1.5, -0.5, 0.25], dtype=torch.bfloat16)
+    """Draws over two chunks under a temperature: the frequencies of the inverse-CDF walk (the filters only
+    move where the walk may stop, checked exactly above) and the seed's role."""
+    rows, temperature = 300, 2.5
+    logits = torch.tensor([2.0, 0.0, 4.0, -1.0, 1.0, 1.5, -1.0, 0.5], dtype=torch.bfloat16)
     logits = logits.expand(rows, 8).contiguous()
-    tokens, _ = triton_ops.sample(logits, 1.0, 0, 1.0, 17, chunk=4, block=4)
-    probs = logits[0].float().softmax(-1)
-    freq = torch.bincount(tokens, minlength=8).float() / rows
-    # five standard deviations of a frequency over 300 draws: at most 0.144
-    assert (freq - probs).abs().max() < 5 * math.sqrt(0.25 / rows), (freq, probs)
-    again, _ = triton_ops.sample(logits, 1.0, 0, 1.0, 17, chunk=4, block=4)
-    other, _ = triton_ops.sample(logits, 1.0, 0, 1.0, 18, chunk=4, block=4)
-    assert torch.equal(tokens, again) and not torch.equal(tokens, other)
+    tokens, _ = triton_ops.sample(logits, temperature, 0, 1.0, 17, chunk=4, block=4)
+    expected = rows * (logits[0].float() / temperature).softmax(-1)  # 14.3 draws or more of every token
+    counts = torch.bincount(tokens, minlength=8).float()
+    # Pearson's statistic: a correct sampler exceeds CHI2_7DF_P1E5 with probability 1e-5. With the walk's
+    # temperature left out, or the chunks weighed by their sums without their maxima, it read 373 and 629 here.
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < CHI2_7DF_P1E5, (chi2, counts, expected)
+    # the noise is keyed by (seed, row): the first rows drawn again with the same seed repeat, not with another
+    again, _ = triton_ops.sample(logits[:30], temperature, 0, 1.0, 17, chunk=4, block=4)
+    other, _ = triton_ops.sample(logits[:30], temperature, 0, 1.0, 18, chunk=4, block=4)
+    assert torch.equal(tokens[:30], again) and not torch.equal(tokens[:30], other)
     # tokens of probability zero (-inf logits) are never drawn, with or without filters
     inf = float("-inf")
-    masked = torch.tensor([inf, 1.0, inf, inf, 0.5, inf, inf, inf], dtype=torch.bfloat16).expand(30, 8).contiguous()
+    masked = torch.tensor([inf, 1.0, inf, inf, 0.5, inf, inf, inf], dtype=torch.bfloat16).expand(10, 8).contiguous()
     for top_k in (0, 6):
         drawn, log_probs = triton_ops.sample(masked, 1.0, top_k, 1.0, 5, chunk=4, block=4)
         assert set(drawn.tolist()) <= {1, 4} and torch.isfinite(log_probs).all(), (top_k, drawn)
 
 
+CHECKS = {check.__name__: check for check in (hand_worked, signed_zeros, random_rows, frequencies_and_seeds)}
+
 if __name__ == "__main__":
     import time
 
-    for check in (hand_worked, signed_zeros, random_rows, frequencies_and_seeds):
+    for name in sys.argv[1:] or CHECKS:  # the checks named on the command line, else all
+        check = CHECKS[name]
         start = time.perf_counter()
         check()
         print(f"{check.__name__}: ok ({time.perf_counter() - start:.1f} s)", flush=True)

@@ -109,7 +109,12 @@ def init_ray(ray_kwargs: Mapping | None = None, device: str = "cuda") -> None:
         if ignored:
             logger.warning("Ray: ray_kwargs.ray_init.%s ignored when joining an existing cluster",
                            "/".join(ignored))
-        ray.init(address=address, runtime_env=runtime_env, **ray_init)
+        # A cluster on this machine's loopback (as started here): Ray would otherwise swap 127.0.0.1 for the host's
+        # address and never reach it.
+        host = address.split("://")[-1].rsplit(":", 1)[0]
+        on_loopback = host == "localhost" or host.startswith("127.")
+        with _loopback_node_address() if on_loopback else contextlib.nullcontext():
+            ray.init(address=address, runtime_env=runtime_env, **ray_init)
         logger.info("Ray: joined the cluster at %s", address)
         return
     ray_init = {"num_cpus": os.cpu_count(), "include_dashboard": False, "_node_ip_address": "127.0.0.1", **ray_init}
