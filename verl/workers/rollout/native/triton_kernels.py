@@ -73,6 +73,109 @@ def silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
     tl.store(o_ptr + offs, (s * u).to(dtype), mask=m)
 
 
+@triton.jit
+def _tanh(x):
+    """tanh in float32 through one exponential: exact to rounding, and -1/+1 (not NaN) where ``exp`` overflows."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _attention_block(q, k_ptr, v_ptr, col, hi, d, m, total, acc, scale, softcap, D: tl.constexpr, BN: tl.constexpr,
+                     SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
+    """The online softmax over columns ``[col, min(col + BN, hi))`` (at least one of them): the running max
+    ``m``, sum ``total`` and unnormalised output ``acc`` updated."""
+    cols = col + tl.arange(0, BN)
+    seen = cols < hi
+    k = tl.load(k_ptr + cols[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
+    v = tl.load(v_ptr + cols[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = s * scale
+    if SOFTCAP:
+        s = _tanh(s / softcap) * softcap
+    s = tl.where(seen[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the block has a seen column
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    total = total * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, total, acc
+
+
+@triton.jit(do_not_specialize=["window"])
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, max_len, window,
+                            scale, softcap, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr,
+                            BN: tl.constexpr, SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+                            INTERPRETED: tl.constexpr):
+    """One program per (row, kv head, split): the ``G`` query heads that share the kv head attend over the split's
+    share of the row's visible columns ``[first, wpos]`` (``first``: the row's start, or the window's first column)
+    in blocks of ``BN`` columns, with an online softmax in float32. One split writes the output; several write
+    their running max, sum and unnormalised output for ``decode_attention_combine_kernel``."""
+    rh = tl.program_id(0).to(tl.int64)  # row * HKV + kv head; row i reads slot i of the cache
+    split = tl.program_id(1)
+    row = rh // HKV
+    wpos = tl.load(wpos_ptr + row)
+    first = tl.load(start_ptr + row)
+    if window > 0:
+        first = tl.maximum(first, wpos - window + 1)
+    span = wpos + 1 - first
+    per_split = tl.cdiv(tl.cdiv(span, SPLITS), BN) * BN
+    lo = first + split * per_split
+    hi = tl.minimum(lo + per_split, wpos + 1)
+    g = tl.arange(0, GP)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (rh * G + g[:, None]) * D + d[None, :], mask=g[:, None] < G, other=0.0)
+    m = tl.full((GP,), float("-inf"), tl.float32)
+    total = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, D), tl.float32)
+    k_row = k_ptr + rh * max_len * D
+    v_row = v_ptr + rh * max_len * D
+    if INTERPRETED:  # the interpreter cannot take a loaded value as a range() bound; the same blocks, unpipelined
+        col = lo
+        while col < hi:
+            m, total, acc = _attention_block(q, k_row, v_row, col, hi, d, m, total, acc, scale, softcap, D, BN,
+                                             SOFTCAP, IEEE)
+            col += BN
+    else:
+        for col in range(lo, hi, BN):
+            m, total, acc = _attention_block(q, k_row, v_row, col, hi, d, m, total, acc, scale, softcap, D, BN,
+                                             SOFTCAP, IEEE)
+    rows = g[:, None] < G
+    if SPLITS == 1:
+        out = acc / total[:, None]
+        tl.store(o_ptr + (rh * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=rows)
+    else:
+        at = (rh * SPLITS + split) * G + g
+        tl.store(m_ptr + at, m, mask=g < G)
+        tl.store(l_ptr + at, total, mask=g < G)
+        tl.store(acc_ptr + at[:, None] * D + d[None, :], acc, mask=rows)
+
+
+@triton.jit
+def decode_attention_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, G: tl.constexpr, D: tl.constexpr,
+                                    SPLITS: tl.constexpr, SP: tl.constexpr):
+    """One program per (row, kv head, query head of the group): the splits' partial softmaxes rescaled to the
+    largest running max and summed. A split that saw no column has max -inf and weighs nothing."""
+    pid = tl.program_id(0).to(tl.int64)
+    rh = pid // G
+    gi = pid % G
+    s = tl.arange(0, SP)
+    d = tl.arange(0, D)
+    at = (rh * SPLITS + s) * G + gi
+    m = tl.load(m_ptr + at, mask=s < SPLITS, other=float("-inf"))
+    total = tl.load(l_ptr + at, mask=s < SPLITS, other=0.0)
+    acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
+    top = tl.max(m, axis=0)
+    w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(total * w, axis=0)
+    tl.store(o_ptr + pid * D + d, out.to(o_ptr.dtype.element_ty))
+
+
 # ---------------------------------------------------------------------------------------------- sampling
 @triton.jit
 def _order_key(x, KB: tl.constexpr):

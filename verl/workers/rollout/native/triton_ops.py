@@ -1,11 +1,13 @@
-"""Triton kernels for the decode step on CUDA: fused RoPE + key/value cache write, fused SiLU-and-multiply,
-and sampling with top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
+"""Triton kernels for the decode step on CUDA: fused RoPE + key/value cache write, the attention over the slot
+cache (flash-decoding, with Gemma's soft-cap and sliding windows), fused SiLU-and-multiply, and sampling with
+top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
 
 Only used for CUDA tensors (:func:`enabled`); CPU keeps the plain torch code of ``model.py`` and
 ``sampling.py``. The RoPE and SiLU kernels round where the torch ops they replace round (to the
-activation dtype after each op), so bf16 results agree with the torch path up to fused multiply-adds.
-``VERL_NATIVE_TRITON=0`` turns them off (the torch path runs everywhere). The tests also run the
-sampler's kernels on a CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
+activation dtype after each op), so bf16 results agree with the torch path up to fused multiply-adds. The
+attention keeps scores and softmax in float32 (as SDPA's fused kernels do) and rounds only the probabilities
+that multiply the values. ``VERL_NATIVE_TRITON=0`` turns them off (the torch path runs everywhere). The tests
+also run the kernels on a CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,60 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     block = 2048
     _kernels().silu_mul_kernel[(_cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
     return out
+
+
+def decode_attention_supported(head_dim: int, groups: int) -> bool:
+    """Whether :func:`decode_attention` serves this head shape (its tiles need a power-of-two head dimension of at
+    least 16; a group of query heads is padded to at least 16 rows)."""
+    return 16 <= head_dim <= 512 and head_dim & (head_dim - 1) == 0 and groups <= 64
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor,
+                     write_pos: torch.Tensor, window: int | None, scale: float | None, softcap: float | None,
+                     splits: int | None = None) -> torch.Tensor:
+    """One decode step's attention, fused: ``q (b, Hkv, G, D)`` (the ``G`` query heads of each kv head) over the
+    cache ``keys``/``values`` ``(slots, Hkv, max_len, D)``, row ``i`` reading slot ``i`` at columns
+    ``[start[i], write_pos[i]]`` (with ``window``: only the last ``window`` of them). Scores are ``q.k * scale``
+    (``scale`` None: ``D ** -0.5``, as SDPA), soft-capped to ``tanh(s / softcap) * softcap`` when ``softcap`` is
+    set, softmaxed in float32. Returns ``(b, Hkv, G, D)`` in q's dtype.
+
+    Only the visible columns are read (the torch path reads all ``max_len`` and masks). A row's columns are cut
+    into ``splits`` parts attended in parallel and combined (flash-decoding), chosen so that the grid fills the
+    GPU; the grid depends only on ``b`` and the cache's shape, so a CUDA graph captures it."""
+    b, hkv, groups, head_dim = q.shape
+    assert keys.is_contiguous() and values.is_contiguous() and keys.shape[1] == hkv and keys.shape[3] == head_dim
+    q = q.contiguous()
+    max_len = keys.shape[2]
+    block = 64 if head_dim <= 128 else 32
+    if splits is None:
+        programs = 2 * _multiprocessors(q.device) if q.is_cuda else 1
+        splits = min(_cdiv(programs, max(1, b * hkv)), _cdiv(max_len, 4 * block), 32)
+    splits = max(1, int(splits))
+    out = torch.empty_like(q)
+    if splits > 1:
+        m = torch.empty(b, hkv, splits, groups, dtype=torch.float32, device=q.device)
+        total = torch.empty_like(m)
+        acc = torch.empty(b, hkv, splits, groups, head_dim, dtype=torch.float32, device=q.device)
+    else:
+        m = total = acc = out
+    kernels = _kernels()
+    kernels.decode_attention_kernel[(b * hkv, splits)](
+        q, keys, values, start, write_pos, out, m, total, acc, max_len, int(window or 0),
+        float(head_dim ** -0.5 if scale is None else scale),
+        float(softcap or 1.0), HKV=hkv, G=groups, D=head_dim, GP=max(16, _next_pow2(groups)), BN=block, SPLITS=splits,
+        SOFTCAP=softcap is not None, IEEE=q.dtype == torch.float32,
+        INTERPRETED=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
+    if splits > 1:
+        kernels.decode_attention_combine_kernel[(b * hkv * groups,)](m, total, acc, out, G=groups, D=head_dim,
+                                                                    SPLITS=splits, SP=_next_pow2(splits), num_warps=4)
+    return out
+
+
+def _multiprocessors(device: torch.device) -> int:
+    key = ("sms", device.index)
+    if key not in _STATE:
+        _STATE[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _STATE[key]
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -1,0 +1,64 @@
+"""Checks of the fused decode attention kernel (``triton_ops.decode_attention``) on a CPU through Triton's
+interpreter (``TRITON_INTERPRET=1``, set before Triton is imported), against the engine's torch attention
+(``model._attend`` with ``model.decode_bias``, the mask of ``model.decode``'s torch path). Run as a script by
+``test_triton_attention_interpreter.py``; exits non-zero on the first failed check.
+
+Rows with different starts and write positions (one row sees a single column), kv heads shared by groups of
+query heads, a sliding window shorter and longer than a row, Gemma's soft-cap, and one to several splits of a
+row's columns (a split may see no column). Float32 only: the interpreter multiplies bf16 tiles as raw integers;
+the GPU tests run the bf16 kernel."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from verl.workers.rollout.native import triton_ops  # noqa: E402
+from verl.workers.rollout.native.model import _attend, decode_bias  # noqa: E402
+
+
+def reference(q, keys, values, start, write_pos, window, scale, softcap):
+    """The torch path of ``model.decode``: every column of the slots, masked to the visible ones."""
+    bias = decode_bias(torch.arange(keys.shape[2]), start, write_pos, window, q.dtype)
+    return _attend(SimpleNamespace(attn_softcap=softcap, attn_scale=scale), q, keys[:q.shape[0]],
+                   values[:q.shape[0]], bias)
+
+
+def check(dtype, groups, head_dim, window, softcap, splits, tol):
+    g = torch.Generator().manual_seed(groups * 100 + head_dim + (window or 0) + splits)
+    b, hkv, max_len = 3, 2, 150
+    q = torch.randn(b, hkv, groups, head_dim, generator=g).to(dtype)
+    keys = torch.randn(b + 1, hkv, max_len, head_dim, generator=g).to(dtype)  # one slot more than rows
+    values = torch.randn(b + 1, hkv, max_len, head_dim, generator=g).to(dtype)
+    start = torch.tensor([0, 37, 90])
+    write_pos = torch.tensor([149, 120, 90])  # the last row sees one column
+    scale = head_dim ** -0.5 * 3.0  # large scores, so the soft-cap bites
+    got = triton_ops.decode_attention(q, keys, values, start, write_pos, window, scale, softcap, splits=splits)
+    want = reference(q, keys, values, start, write_pos, window, scale, softcap)
+    assert got.shape == want.shape and got.dtype == dtype, (got.shape, got.dtype)
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= tol, (dtype, groups, head_dim, window, softcap, splits, err)
+    if softcap is not None:  # the cap changes the result: the check would see a kernel that skipped it
+        plain = reference(q, keys, values, start, write_pos, window, scale, None)
+        assert (plain.float() - want.float()).abs().max().item() > 10 * tol
+
+
+def main():
+    cases = [
+        # dtype, groups, head_dim, window, softcap, splits, tolerance
+        (torch.float32, 2, 32, None, None, 1, 1e-5),
+        (torch.float32, 7, 16, None, None, 3, 1e-5),  # Qwen's 14/2 heads; three splits
+        (torch.float32, 2, 32, 40, 5.0, 4, 1e-5),  # Gemma: windowed and capped; most splits of a window empty
+        (torch.float32, 1, 64, 200, 5.0, 2, 1e-5),  # a window longer than every row
+        (torch.float32, 4, 32, None, 5.0, 2, 1e-5),
+    ]
+    for case in cases:
+        check(*case)
+        print(f"{case}: ok")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
