@@ -32,14 +32,15 @@ leaves room for the vision tower's activations that the planner does not count. 
 (vision blocks included), as the original's Qwen2.5-VL script sets it. 16 prompts x 8 samples in
 geo3k's format (``examples/data_preprocess/geo3k.py`` run on a generated raw copy): each prompt has one or
 two 448 x 448 pictures (256 image tokens each) and about 60 text tokens. The vision tower is trained (not
-frozen). The rollout engine is ``hf``: the native engine has no image path (a run that asks for it is
-switched to hf with a note). Where time goes: the stages, and the vision tower's share of the model FLOPs of
+frozen). The shape runs twice: with the native engine (the vision tower once per prompt, the language model
+under CUDA graphs) and with ``rollout.name=hf`` (transformers' ``generate``, the baseline); the last line compares
+their generation times. Where time goes: the stages, and the vision tower's share of the model FLOPs of
 a training pass (its 6·N·patches + attention over its windows, against the language model's count from
 ``verl.utils.flops_counter``, whose qwen2_5_vl formula counts the language model only -- so
 ``perf/mfu/actor`` leaves the vision tower out, and the table also prints it scaled to include the tower).
 
-The random vision-language model never writes its image/video placeholders into a response: the hf rollout
-suppresses them (``verl.models.vision.placeholder_token_ids``), since the actor's forward refuses an image slot
+The random vision-language model never writes its image/video placeholders into a response: both engines
+suppress them (``verl.models.vision.placeholder_token_ids``), since the actor's forward refuses an image slot
 without an image.
 
 ``--quick`` runs the same script on a tiny model of each shape on the CPU (hf rollout there, 4 prompts x 4
@@ -321,7 +322,7 @@ def vlm_command(out: str, data: str, model: str, max_prompt: int, steps: int, qu
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192",
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384",
-        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384", "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16384",
     ]
 
 
@@ -397,13 +398,33 @@ def run_shape(shape: str, out: str, steps: int, quick: bool, device_gib: float |
     print(f"{shape}: {'quick (tiny)' if quick else str(prepared['layers']) + ' layers'}, {describe_counts(counts)}; "
           f"{work['prompts']} prompts x {work['samples']}, prompt tokens {min(lengths)}..{max(lengths)}, "
           f"{work['response']} response tokens", flush=True)
+    # The vision-language shape runs twice, the native engine then transformers' generate (the baseline).
+    engines = ["native", "hf"] if shape == "vlm" else [None]
+    results = [measure(shape, out, prepared, steps, quick, device_gib, engine) for engine in engines]
+    if shape == "vlm":
+        ours, baseline = (r["median"].get("timing_s/gen", 0.0) for r in results)
+        print(f"\nvlm generation (timing_s/gen, median): native {ours:.3f} s, hf {baseline:.3f} s: "
+              f"{baseline / ours if ours else float('nan'):.2f}x; step {results[0]['median'].get('timing_s/step', 0):.3f}"
+              f" s vs {results[1]['median'].get('timing_s/step', 0):.3f} s")
+    return results[0]
+
+
+def measure(shape: str, out: str, prepared: dict, steps: int, quick: bool, device_gib: float | None,
+            engine: str | None) -> dict:
+    """One ``main_ppo`` run of the shape (with ``rollout.name=engine`` when given); its summary, printed."""
+    work = workload(quick)
+    lengths = prepared["prompt_lengths"]
+    counts = parameter_counts(prepared["config"])
     command = command_of(shape, out, prepared, steps, quick)
+    name = shape if engine is None else f"{shape}_{engine}"
+    if engine is not None:
+        command.append(f"actor_rollout_ref.rollout.name={engine}")
     planned = planned_peak_gib(command, device_gib)
-    steps_metrics = run_main_ppo(command, os.path.join(out, f"{shape}.jsonl"), out)[1:]  # step 1 warms up
+    steps_metrics = run_main_ppo(command, os.path.join(out, f"{name}.jsonl"), out)[1:]  # step 1 warms up
     median = {key: statistics.median(s[key] for s in steps_metrics if key in s)
               for key in sorted({k for s in steps_metrics for k in s})
               if all(isinstance(s.get(key, 0.0), (int, float)) for s in steps_metrics)}
-    result = {"shape": shape, "quick": quick, "layers": prepared["layers"], "parameters": counts,
+    result = {"shape": shape, "engine": engine, "quick": quick, "layers": prepared["layers"], "parameters": counts,
               "planned_gib": planned, "median": median, "command": command,
               "peak_gib": max(s.get("perf/max_memory_allocated_gb", 0.0) for s in steps_metrics),
               "steps_measured": len(steps_metrics)}
@@ -415,7 +436,7 @@ def run_shape(shape: str, out: str, steps: int, quick: bool, device_gib: float |
         vision = prepared["config"].vision_config.to_dict()
         text_flops = FLOPS_ESTIMATORS["qwen2_5_vl"](prepared["config"], seqlens)
         result["vision_flops_share"] = vit_flops(vision, patches) / (vit_flops(vision, patches) + text_flops)
-    with open(os.path.join(out, f"summary_{shape}.json"), "w") as f:
+    with open(os.path.join(out, f"summary_{name}.json"), "w") as f:
         json.dump(result, f, indent=1)
     report(result)
     return result
@@ -423,7 +444,8 @@ def run_shape(shape: str, out: str, steps: int, quick: bool, device_gib: float |
 
 def report(result: dict) -> None:
     median = result["median"]
-    print(f"\n{result['shape']}{' (quick, CPU)' if result['quick'] else ''}: median over steps 2..N "
+    engine = f", rollout.name={result['engine']}" if result["engine"] else ""
+    print(f"\n{result['shape']}{engine}{' (quick, CPU)' if result['quick'] else ''}: median over steps 2..N "
           f"({result['steps_measured']} steps)")
     print(f"  {'s/step':24}{median.get('timing_s/step', 0.0):12.3f}")
     print(f"  {'tokens/s/GPU':24}{median.get('perf/throughput', 0.0):12.1f}   (perf/throughput)")

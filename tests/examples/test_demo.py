@@ -56,9 +56,10 @@ def test_short_demo_rl_beats_the_warm_start(run_demo, tmp_path):
     # The same GRPO from the same warm start with colocate_async, samples up to 2 policy versions old (weighed by
     # token IS): it learns too. Measured on seeds 0, 1, 2 (sync / async held-out greedy accuracy after 10 steps):
     # 0.99 / 0.93, 0.92 / 0.91, 0.99 / 0.99 (2026-12-07; seed 0 read 0.94 before the micro-batch balancing took
-    # the original's tie-breaking). #21 asks for 5 points at a fixed seed: seed 0 misses it by one prompt of 100,
-    # which stays reported there; this test holds the learning (the same gain over the warm start as sync's) and
-    # a 10-point bound.
+    # the original's tie-breaking). #21 asks for 5 points at a fixed seed: this shortened run at seed 0 misses it
+    # by one prompt of 100; the full `make demo` (seed 0, 40 steps, 200 held-out prompts) reaches 0.995 async
+    # against 0.99 sync (0.965 / 0.985 after its 10th step). This test holds the learning (the same gain over the
+    # warm start as sync's) and a 10-point bound.
     settings = run_demo.parse_args(["--seed", "0", "--output_dir", str(out), *SHORT_DEMO,
                                     "--trainer_mode", "colocate_async", "--max_off_policy_threshold", "2"])
     rl = out / "rl_async"

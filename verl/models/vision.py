@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["VisionProcessor", "copy_processor_files", "is_vision_language", "load_processor", "multi_modal_batch",
-           "rope_index", "vision_tower"]
+from verl.models.logprob import call_as_forward
+
+__all__ = ["VisionProcessor", "copy_processor_files", "encode_images", "is_vision_language", "load_processor",
+           "multi_modal_batch", "rope_index", "vision_tower"]
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -171,6 +173,30 @@ def multi_modal_batch(rows: Sequence[dict], device: torch.device | str | None = 
     if not present:
         return {}
     return {key: torch.cat([r[key] for r in present]).to(device) for key in ("pixel_values", "image_grid_thw")}
+
+
+@torch.no_grad()
+def encode_images(module: torch.nn.Module, rows: Sequence[dict] | None,
+                  device: torch.device) -> list[tuple[tuple[torch.Tensor, ...], torch.Tensor | None]] | None:
+    """The vision encoder's outputs for each prompt's images, encoded once (a rollout reuses them for the prompt's
+    ``n`` samples): per row of ``multi_modal_inputs``, its images' features (one ``(tokens, hidden)`` tensor
+    each) and ``image_grid_thw`` (None for a row without images); None when no row has images. Runs through the
+    root module's forward, so that FSDP's hooks gather the vision tower's weights as for any forward."""
+    inputs = multi_modal_batch(rows, device) if rows is not None else {}
+    if not inputs:
+        return None
+    backbone = getattr(module, module.base_model_prefix)
+
+    def encode(pixel_values, image_grid_thw):
+        return backbone.get_image_features(pixel_values, image_grid_thw, return_dict=True).pooler_output
+
+    features = call_as_forward(module, encode, inputs["pixel_values"], inputs["image_grid_thw"])
+    per_row, at = [], 0
+    for row in rows:
+        count = len(row["image_grid_thw"]) if row else 0
+        per_row.append((tuple(features[at:at + count]), row["image_grid_thw"] if row else None))
+        at += count
+    return per_row
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:

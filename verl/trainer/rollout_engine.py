@@ -1,12 +1,13 @@
 """The rollout engine a run generates with, decided once in the driver before any worker starts.
 
-``actor_rollout_ref.rollout.name=native`` (the default) runs the decoder families the native engine implements.
-For any other model (a family it lacks, a length-dependent RoPE, a vision-language model) the run generates with
-transformers' ``generate`` (``rollout.name=hf``) instead, and says so once, with the reason: the same answer the
-native engine would give at its first call, found by building the model on the meta device (no weights read,
-no memory) and asking the engine's own checks. A hub name (no local folder) is not fetched for this: the engine
-refuses an unsupported one when it loads, saying to set ``rollout.name=hf``. The asynchronous trainer modes need the native engine (they
-suspend and resume generations); there the run stops with the fix instead.
+``actor_rollout_ref.rollout.name=native`` (the default) runs the decoder families the native engine implements,
+vision-language Qwen2-VL / Qwen2.5-VL included. For any other model (a family it lacks, a length-dependent RoPE)
+the run generates with transformers' ``generate`` (``rollout.name=hf``) instead, and says so once, with the
+reason: the same answer the native engine would give at its first call, found by building the model on the meta
+device (no weights read, no memory) and asking the engine's own checks. A hub name (no local folder) is not
+fetched for this: the engine refuses an unsupported one when it loads, saying to set ``rollout.name=hf``. The
+asynchronous trainer modes need the native engine (they suspend and resume generations, text only); there the
+run stops with the fix instead.
 """
 
 from __future__ import annotations
@@ -25,24 +26,27 @@ class EngineChoiceError(ValueError):
     """The run needs an engine that cannot generate with its model; the message names the keys to change."""
 
 
-def native_problem(path: str, *, trust_remote_code: bool = False, override_config=None) -> str | None:
+def native_problem(path: str, *, trust_remote_code: bool = False, override_config=None,
+                   asynchronous: bool = False) -> str | None:
     """Why the native engine cannot generate with the model in folder ``path`` (its message), or None when it can
-    (or when ``path`` is a hub name, not read here)."""
+    (or when ``path`` is a hub name, not read here). ``asynchronous``: for a trainer mode that suspends and
+    resumes generations (which the engine does for text only)."""
     import torch
-    import transformers
 
     from verl.models.loader import is_vision_language, load_hf_config
+    from verl.models.vision import causal_lm_class
     from verl.workers.rollout.native.weights import DecoderWeights, UnsupportedModelError
 
     if not path or not os.path.isdir(os.path.expanduser(path)):  # a hub name is not downloaded here; the engine
         return None  # checks it when it loads (and a missing folder is the loader's error to report)
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key="actor_rollout_ref.model.path")
-    if is_vision_language(config):
-        return f"{config.model_type} is a vision-language model and the native engine has no vision encoder"
+    if asynchronous and is_vision_language(config):
+        return (f"{config.model_type} is a vision-language model, and the asynchronous modes resume suspended "
+                "generations by prefilling them again, which the native engine does for text only")
     try:
         with torch.device("meta"):
-            module = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            module = causal_lm_class(config).from_config(config, trust_remote_code=trust_remote_code)
     except Exception:  # noqa: BLE001 -- a config transformers cannot build: loading the actor reports it, in context
         return None
     try:
@@ -60,14 +64,15 @@ def choose_rollout_engine(spec: RunSpec, log=print) -> RunSpec:
         return spec
     model = policy.model
     problem = native_problem(model.path, trust_remote_code=model.trust_remote_code,
-                             override_config=model.override_config)
+                             override_config=model.override_config, asynchronous=spec.trainer.v1.asynchronous)
     if problem is None:
         return spec
     if spec.trainer.v1.asynchronous:
         raise EngineChoiceError(f"{ENGINE_KEY}=native cannot generate with {model.path!r}: {problem}; and "
                          f"trainer.v1.trainer_mode={spec.trainer.v1.trainer_mode} needs the native engine (it suspends "
-                         "and resumes generations). Use trainer.v1.trainer_mode=sync with "
-                         f"{ENGINE_KEY}=hf, or a model family the native engine runs (see the README's support table)")
+                         "and resumes generations). Use trainer.v1.trainer_mode=sync (with "
+                         f"{ENGINE_KEY}=hf where the native engine cannot run the model at all), or a model family "
+                         "the native engine runs (see the README's support table)")
     log(f"[rollout] {ENGINE_KEY}=native cannot generate with {model.path!r}: {problem}. Generating with "
         f"transformers' generate ({ENGINE_KEY}=hf) instead, which is several times slower; set {ENGINE_KEY}=hf "
         "to choose it and silence this note")

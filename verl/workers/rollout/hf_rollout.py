@@ -19,8 +19,7 @@ import torch
 from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, SuppressTokensLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from verl.models.logprob import call_as_forward
-from verl.models.vision import multi_modal_batch, placeholder_token_ids
+from verl.models.vision import encode_images, placeholder_token_ids
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
@@ -108,7 +107,7 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
-            images = self._encode_images(prompts, device)
+            images = encode_images(self.module, prompts.non_tensor_batch.get("multi_modal_inputs"), device)
             with _without_model_generation_config(self.module), _seeded(prompts.meta_info.get("seed"), device):
                 for start in range(0, input_ids.shape[0], micro_batch_size):
                     end = start + micro_batch_size
@@ -120,27 +119,6 @@ class HFRollout(BaseRollout):
             self.module.train(was_training)
         return build_rollout_output(prompts, _cat_padded(responses, params.pad_token_id),
                                     _cat_padded(log_probs, 0.0), params)
-
-    def _encode_images(self, prompts: DataProto, device: torch.device) -> list[tuple] | None:
-        """Per prompt, its images' encoder outputs (one (tokens, hidden) tensor each) and ``image_grid_thw``;
-        None when no prompt has images."""
-        rows = prompts.non_tensor_batch.get("multi_modal_inputs")
-        inputs = multi_modal_batch(rows, device) if rows is not None else {}
-        if not inputs:
-            return None
-        backbone = getattr(self.module, self.module.base_model_prefix)
-
-        def encode(pixel_values, image_grid_thw):
-            return backbone.get_image_features(pixel_values, image_grid_thw, return_dict=True).pooler_output
-
-        # Through the root module's forward, so that FSDP's hooks run as for any forward of the model.
-        features = call_as_forward(self.module, encode, inputs["pixel_values"], inputs["image_grid_thw"])
-        per_prompt, at = [], 0
-        for row in rows:
-            count = len(row["image_grid_thw"]) if row else 0
-            per_prompt.append((tuple(features[at:at + count]), row["image_grid_thw"] if row else None))
-            at += count
-        return per_prompt
 
     def _image_kwargs(self, images: list[tuple], input_ids: torch.Tensor, first_row: int, n: int) -> dict:
         """``generate``'s image arguments for output rows ``first_row ..`` (row ``i`` samples prompt ``i // n``)."""

@@ -3,9 +3,10 @@
 Why slots and not pages: RL rollouts generate up to a fixed ``response_length`` after prompts
 padded to one width, so every sequence needs at most ``P + R`` columns and a slot wastes at most the
 response a sequence does not use (nothing at all with fixed-length responses). Slots make the
-decode attention a plain batched SDPA over a contiguous ``(slots, kv_heads, P + R, head_dim)``
-tensor with a length mask: no page table, no gather, no custom kernel, and shapes that CUDA graphs
-can capture once per batch-size bucket. Pages would pay off for prefix sharing across calls or for
+decode attention a batched attention over a contiguous ``(slots, kv_heads, P + R, head_dim)`` tensor
+with a column range per row (on CUDA a fused kernel that reads only that range; elsewhere SDPA with a
+length mask): no page table, no gather, and shapes that CUDA graphs can capture once per batch-size
+bucket. Pages would pay off for prefix sharing across calls or for
 very uneven lengths; here the ``n`` samples of a prompt share its prefill (computed once, copied
 into ``n`` slots) instead.
 

@@ -28,6 +28,13 @@ The asynchronous trainer modes keep groups running across calls (:meth:`NativeRo
 running resume in a later call, with the weights of that moment (partial rollout). The scheduler of both is
 :class:`~verl.workers.rollout.native.scheduler.Run`.
 
+A vision-language model (Qwen2-VL, Qwen2.5-VL) generates from prompts with images in the synchronous calls: the
+vision tower encodes each prompt's images once (:func:`verl.models.vision.encode_images`), the prefill takes
+the token embeddings with those features in place of the image placeholders and the prompt's M-RoPE positions
+(the data's 3-row ``position_ids``), and each slot decodes at its text positions (``SlotState.rope_delta``
+moves them past the images' compressed positions). Placeholder tokens are never sampled; the recorded log-probs
+stay those of the raw logits, as the trainer computes them.
+
 Decode is captured as one CUDA graph per batch-size bucket (``enforce_eager=True`` runs it eagerly,
 as on CPU; so does a mixture of experts whose grouped matmul reads its group sizes on the host, see
 :func:`~verl.workers.rollout.native.model.decode_capturable`). Graphs hold the addresses of the weights and of
@@ -41,11 +48,12 @@ import contextlib
 import numpy as np
 import torch
 
+from verl.models.vision import encode_images
 from verl.protocol import DataProto
 from verl.utils import startup
 from verl.workers.rollout.base import BaseRollout, EpisodeTokens, TurnHandler, build_rollout_output, check_left_padded
 from verl.workers.rollout.native.cache import SlotCache, plan_slots, slot_bytes
-from verl.workers.rollout.native.scheduler import Run, SlotState
+from verl.workers.rollout.native.scheduler import PromptImages, Run, SlotState
 from verl.workers.rollout.native.stream import StreamRun, StreamServer
 from verl.workers.rollout.native.weights import DecoderWeights
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
@@ -206,9 +214,14 @@ class NativeRollout(BaseRollout):
         input_ids = prompts.batch["input_ids"].to(device)
         valid = prompts.batch["attention_mask"].to(device).bool()
         batch, width = input_ids.shape
+        images = self._prompt_images(prompts, device)  # before the cache takes the free memory
         self._ensure_cache(batch * params.n, self._cache_length(width, params.response_length))
         generator = self._generator(prompts.meta_info)
-        run = Run(self, params, input_ids, valid, generator, on_turn)
+        if images is not None and on_turn is not None and any(f is not None for f in images.features):
+            raise ValueError("multi-turn episodes with images: the native engine extends an episode with text only. "
+                             "Use single-turn prompts for vision-language data (drop actor_rollout_ref.rollout."
+                             "multi_turn.enable)")
+        run = Run(self, params, input_ids, valid, generator, on_turn, images)
         try:
             responses, log_probs = run.generate()
         finally:
@@ -216,6 +229,21 @@ class NativeRollout(BaseRollout):
             if self.config.free_cache_engine:
                 self.free_cache()
         return responses, log_probs, run
+
+    def _prompt_images(self, prompts: DataProto, device: torch.device) -> PromptImages | None:
+        """A vision-language model's prompts: their images encoded once each (not once per sample) and their
+        M-RoPE positions; None for a text model, or data without the three-row ``position_ids``."""
+        positions = prompts.batch.get("position_ids", None)
+        if self.weights.mrope_section is None or positions is None or positions.dim() != 3:
+            if any(prompts.non_tensor_batch.get("multi_modal_inputs", ())):
+                raise ValueError(
+                    f"prompts with images for a {self.weights.model_type} model: the native engine generates with "
+                    "images for Qwen2-VL / Qwen2.5-VL, from prompts with their 3-row M-RoPE position_ids (as verl's "
+                    "RL dataset builds them); set actor_rollout_ref.rollout.name=hf to generate with transformers")
+            return None
+        encoded = encode_images(self.module, prompts.non_tensor_batch.get("multi_modal_inputs"), device)
+        features = [torch.cat(f) if f else None for f, _ in encoded] if encoded else [None] * len(prompts)
+        return PromptImages(features, positions.to(device))
 
     def _cache_length(self, width: int, length: int) -> int:
         """Columns of a slot: prompt width + response length, rounded up to 16."""

@@ -51,6 +51,21 @@ def _embed(w: DecoderWeights, tokens: torch.Tensor) -> torch.Tensor:
     return x if w.embed_scale is None else x * w.embed_scale
 
 
+def embed_with_images(w: DecoderWeights, input_ids: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+    """Token embeddings ``(B, T, H)`` with the image features ``(tokens, H)`` in place of the image placeholder
+    tokens, in row-major order (as transformers' Qwen2-VL scatters them)."""
+    x = _embed(w, input_ids)
+    places = input_ids == w.image_token_id
+    count = int(places.sum())
+    if count != (0 if features is None else features.shape[0]):
+        raise ValueError(f"the prompts hold {count} image tokens but their images encode to "
+                         f"{0 if features is None else features.shape[0]}: each image's placeholder must be expanded "
+                         "to its grid's merged patches, as verl's RL dataset does with the model's processor")
+    if count:
+        x = x.masked_scatter(places[..., None], features.to(x.dtype))
+    return x
+
+
 def _logits(w: DecoderWeights, x: torch.Tensor) -> torch.Tensor:
     logits = F.linear(_norm(w, x, w.norm), w.lm_head)
     if w.final_softcap is not None:
@@ -205,17 +220,34 @@ def _layer_ropes(w: DecoderWeights, max_len: int, positions: torch.Tensor, unsqu
             for kind, (cos, sin) in w.rope(max_len).items()}
 
 
+def _mrope(w: DecoderWeights, max_len: int, positions: torch.Tensor, unsqueeze: int):
+    """M-RoPE's cos and sin at ``positions (3, B, T)`` (temporal, height, width): feature ``d`` of the rotary
+    takes the coordinate of its frequency's section (``w.mrope_section``, over the ``rotary_dim / 2``
+    frequencies, the same for both halves), as transformers' Qwen2-VL rotary embedding composes them."""
+    (cos, sin), = w.rope(max_len).values()
+    sections = torch.repeat_interleave(torch.arange(3), torch.tensor(w.mrope_section)).to(positions.device)
+    pick = torch.cat([sections, sections]).expand(1, *positions.shape[1:], -1)
+    cos, sin = (table[positions].gather(0, pick)[0].unsqueeze(unsqueeze) for table in (cos, sin))
+    return {"default": (cos, sin)}
+
+
 def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tensor, first_col: int,
-            slots: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+            slots: torch.Tensor, sources: torch.Tensor, embeds: torch.Tensor | None = None,
+            rope_positions: torch.Tensor | None = None) -> torch.Tensor:
     """Run left-padded prompts and store their keys/values; returns last-position logits ``(B, V)``.
 
     ``input_ids``/``valid`` ``(B, T)`` are columns ``[first_col, first_col + T)`` of the padded
     prompts; they land at the same columns of the cache. ``slots[j]`` receives prompt ``sources[j]``.
+    A vision-language model passes ``embeds (B, T, H)`` (the token embeddings with its images' features in
+    place of their placeholder tokens) and the M-RoPE ``rope_positions (3, B, T)``.
     """
     T = input_ids.shape[1]
     device = input_ids.device
-    positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-    ropes = _layer_ropes(w, cache.max_len, positions, 2)  # the decode steps' tables: one per cache shape
+    if rope_positions is None:
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        ropes = _layer_ropes(w, cache.max_len, positions, 2)  # the decode steps' tables: one per cache shape
+    else:
+        ropes = _mrope(w, cache.max_len, rope_positions, 2)
     causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
     # Padding queries attend to themselves only, so no row of the mask is empty.
     eye = torch.eye(T, dtype=torch.bool, device=device)
@@ -228,7 +260,7 @@ def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tens
     unpadded = bool(valid.all()) and w.attn_softcap is None
     groups = w.num_heads // w.num_kv_heads
     fused = triton_ops.enabled(input_ids)
-    x = _embed(w, input_ids)
+    x = _embed(w, input_ids) if embeds is None else embeds
     for i, lw in enumerate(w.layers):
         cos, sin = ropes[w.layer_rope[i]]
         q, k, v = _attention_inputs(w, lw, _norm(w, x, lw.input_norm), cos, sin)
@@ -243,23 +275,33 @@ def prefill(w: DecoderWeights, cache, input_ids: torch.Tensor, valid: torch.Tens
     return _logits(w, x[:, -1])
 
 
+def decode_bias(columns: torch.Tensor, start: torch.Tensor, write_pos: torch.Tensor, window: int | None,
+                dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask ``(b, 1, 1, max_len)`` of a decode step's attention over the cache's ``columns``: 0 at
+    ``[start, write_pos]`` (with ``window``: its last ``window`` columns only), -inf elsewhere."""
+    columns = columns[None, :]
+    seen = (columns >= start[:, None]) & (columns <= write_pos[:, None])
+    if window is not None:
+        seen &= columns > write_pos[:, None] - window
+    bias = torch.zeros(seen.shape, dtype=dtype, device=columns.device)
+    return bias.masked_fill(~seen, float("-inf"))[:, None, None, :]
+
+
 def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tensor, start: torch.Tensor,
-           slot_ids: torch.Tensor) -> torch.Tensor:
+           slot_ids: torch.Tensor, rope_delta: torch.Tensor | None = None) -> torch.Tensor:
     """One step for slots ``[0, b)``: feed ``tokens`` at cache column ``write_pos``, attend to columns
     ``[start, write_pos]`` (sliding layers: the last ``window`` of them); returns logits ``(b, V)``. Shapes and
-    addresses are fixed for a given ``b``, so this is what a CUDA graph captures."""
+    addresses are fixed for a given ``b``, so this is what a CUDA graph captures. The token's RoPE position is
+    ``write_pos - start``, plus ``rope_delta`` for M-RoPE (a prompt's images take fewer positions than tokens)."""
     b = tokens.shape[0]
     tables = w.rope(cache.max_len)
-    positions = write_pos - start
-    columns = cache.columns[None, :]
-    visible = (columns >= start[:, None]) & (columns <= write_pos[:, None])
-    biases = {}
-    for window in set(w.windows):
-        seen = visible if window is None else visible & (columns > write_pos[:, None] - window)
-        bias = torch.zeros(seen.shape, dtype=w.dtype, device=tokens.device)
-        biases[window] = bias.masked_fill(~seen, float("-inf"))[:, None, None, :]
+    positions = write_pos - start if rope_delta is None else write_pos - start + rope_delta
     groups = w.num_heads // w.num_kv_heads
     fused = triton_ops.enabled(tokens)  # the Triton kernels serve CUDA tensors only
+    # The fused attention reads each row's visible columns only; the torch path reads every column and masks.
+    fuse_attention = fused and triton_ops.decode_attention_supported(w.head_dim, groups)
+    biases = {} if fuse_attention else {window: decode_bias(cache.columns, start, write_pos, window, w.dtype)
+                                        for window in set(w.windows)}
     fuse_rope = fused and triton_ops.rope_supported(w.head_dim) and w.rotary_dim == w.head_dim
     if not fuse_rope:
         ropes = {kind: (cos[positions][:, None], sin[positions][:, None]) for kind, (cos, sin) in tables.items()}
@@ -280,7 +322,11 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
             keys.view(-1, w.head_dim).index_copy_(0, rows, k.reshape(-1, w.head_dim))
             values.view(-1, w.head_dim).index_copy_(0, rows, v.reshape(-1, w.head_dim))
         q = q.view(b, w.num_kv_heads, groups, w.head_dim)
-        out = _attend(w, q, keys[:b], values[:b], biases[w.windows[i]])
+        if fuse_attention:
+            out = triton_ops.decode_attention(q, keys, values, start, write_pos, w.windows[i], w.attn_scale,
+                                              w.attn_softcap)
+        else:
+            out = _attend(w, q, keys[:b], values[:b], biases[w.windows[i]])
         x = _attn_residual(w, x, out.reshape(b, -1), lw)
         x = _mlp_residual(w, x, lw, fused)
     return _logits(w, x)

@@ -12,15 +12,17 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from verl.models.vision import placeholder_token_ids
 from verl.workers.rollout.base import wait_for_continuations
-from verl.workers.rollout.native.model import decode, decode_capturable, extend, prefill
+from verl.workers.rollout.native.model import decode, decode_capturable, embed_with_images, extend, prefill
 from verl.workers.rollout.native.sampling import sample
 
-__all__ = ["BUCKETS", "Run", "SlotState", "bucket"]
+__all__ = ["BUCKETS", "PromptImages", "Run", "SlotState", "bucket"]
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -30,26 +32,47 @@ def bucket(b: int, num_slots: int) -> int:
 
 
 class SlotState:
-    """Per-slot device tensors the decode step reads and updates (fixed addresses for the graphs)."""
+    """Per-slot device tensors the decode step reads and updates (fixed addresses for the graphs).
+    ``rope_delta``: M-RoPE's offset of a generated token's position from its column (0 for text models)."""
 
     def __init__(self, num_slots: int, device: torch.device):
-        self.tokens, self.write_pos, self.start, self.row, self.step = torch.zeros(5, num_slots, dtype=torch.long,
-                                                                                   device=device)
+        self.tokens, self.write_pos, self.start, self.row, self.step, self.rope_delta = torch.zeros(
+            6, num_slots, dtype=torch.long, device=device)
         self.live = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.slot_ids = torch.arange(num_slots, device=device)
 
     def tensors(self):
-        return self.tokens, self.write_pos, self.start, self.row, self.step, self.live
+        return self.tokens, self.write_pos, self.start, self.row, self.step, self.rope_delta, self.live
 
+
+@dataclass
+class PromptImages:
+    """A vision-language model's prompts: per prompt, its image tokens' encoder outputs ``(tokens, hidden)`` in
+    order (None without images), and the prompts' M-RoPE ``positions (B, 3, P)`` (the data's ``position_ids``)."""
+
+    features: list[torch.Tensor | None]
+    positions: torch.Tensor
+
+
+def never_sampled(w, device: torch.device) -> torch.Tensor | None:
+    """The tokens a generation never samples: a vision-language model's image/video placeholders (only the
+    processor writes them), or None. Called after ``w.bind()``."""
+    vocab = w.lm_head.shape[0]
+    placeholders = [t for t in placeholder_token_ids(w.module.config) if t < vocab]  # ids past the head: never
+    return torch.tensor(placeholders, dtype=torch.long, device=device) if placeholders else None
 
 
 class Run:
     """The scheduler of one ``generate_sequences`` call, or of one ``generate_episodes`` call (``on_turn``)."""
 
-    def __init__(self, engine, params, input_ids, valid, generator, on_turn=None):
+    def __init__(self, engine, params, input_ids, valid, generator, on_turn=None, images: PromptImages | None = None):
         self.engine, self.params, self.on_turn = engine, params, on_turn
         self.w = engine.weights
         self.input_ids, self.valid = input_ids, valid
+        self.images = images
+        if images is not None:  # a generated token's M-RoPE position: its column's, moved by this much
+            self.prompt_delta = images.positions.amax(dim=(1, 2)) + 1 - valid.sum(dim=1)
+        self.never = never_sampled(self.w, input_ids.device)
         self.width = input_ids.shape[1]
         self.pads = (~valid).sum(dim=1).tolist()
         self.rows = input_ids.shape[0] * params.n
@@ -202,7 +225,7 @@ class Run:
         # Host arithmetic, no device sync: a row's eos sits at cache column width + (its response length - 1).
         span = self.width + max(int(self.lengths[row]) + len(more) for _, row, more in items)
         logits = extend(self.w, self.cache, fed, counts + 1, s.write_pos[slots], s.start[slots], slots, span)
-        tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
+        tokens, log_probs = self._sample(logits)
         # The continuation goes into the response (not generated: log-prob 0, masked out of training).
         at = torch.arange(width - 1, device=device)
         inside = at[None] < counts[:, None]
@@ -236,14 +259,29 @@ class Run:
         self.draws += 1
         return (self.seed_base + self.draws * 0x9E3779B1) % (2**31 - 1)
 
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and their log-probs under the raw logits (as the trainer computes them); tokens of ``never``
+        are not drawn. ``logits`` (a scratch output) is overwritten: the normaliser is taken first, then the
+        ``never`` tokens are set to -inf for the draw; a drawn token's own logit is unchanged."""
+        if self.never is None:
+            return sample(logits, self.params, self.generator, self._seed())
+        temperature = self.params.temperature
+        total = (logits.float() if temperature == 1.0 else logits.float() / temperature).logsumexp(dim=-1)
+        tokens, _ = sample(logits.index_fill_(1, self.never, float("-inf")), self.params, self.generator,
+                           self._seed())
+        return tokens, logits.gather(1, tokens[:, None]).squeeze(1).float() / temperature - total
+
     def _decode_step(self, b: int) -> None:
         s, w, cache = self.state, self.w, self.cache
 
+        # M-RoPE models always read the offsets (0 without images), so one captured graph serves every call.
+        delta = None if self.w.mrope_section is None else s.rope_delta[:b]
+
         def step():
-            return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b])
+            return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b], delta)
 
         logits = self.engine.graphs.run(b, step) if self.use_graphs else step()
-        tokens, log_probs = sample(logits, self.params, self.generator, self._seed())
+        tokens, log_probs = self._sample(logits)
         active = s.live[:b]
         self._record(torch.where(active, s.row[:b], self.rows), s.step[:b], tokens, log_probs)
         done = self._stops(tokens, s.step[:b] + 1)
@@ -290,9 +328,16 @@ class Run:
         rows_t = torch.tensor(rows, device=device)
         first_col = min(self.pads[p] for p in prompts)
         prompt_t = torch.tensor(prompts, device=device)
-        logits = prefill(self.w, self.cache, self.input_ids[prompt_t, first_col:], self.valid[prompt_t, first_col:],
-                         first_col, slots_t, sources)
-        tokens, log_probs = sample(logits[sources], self.params, self.generator, self._seed())
+        ids = self.input_ids[prompt_t, first_col:]
+        embeds = positions = None
+        if self.images is not None:
+            features = [self.images.features[p] for p in prompts if self.images.features[p] is not None]
+            embeds = embed_with_images(self.w, ids, torch.cat(features) if features else None)
+            positions = self.images.positions[prompt_t, :, first_col:].permute(1, 0, 2)
+            s.rope_delta[slots_t] = self.prompt_delta[prompt_t[sources]]
+        logits = prefill(self.w, self.cache, ids, self.valid[prompt_t, first_col:], first_col, slots_t, sources,
+                         embeds, positions)
+        tokens, log_probs = self._sample(logits[sources])
         zeros = torch.zeros_like(rows_t)
         self._record(rows_t, zeros, tokens, log_probs)
         s.tokens[slots_t] = tokens

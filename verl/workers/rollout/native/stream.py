@@ -30,7 +30,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.workers.rollout.native.model import prefill
-from verl.workers.rollout.native.scheduler import Run
+from verl.workers.rollout.native.scheduler import Run, never_sampled
 
 __all__ = ["StreamRun", "StreamServer"]
 
@@ -56,6 +56,7 @@ class StreamRun(Run):
         self.device = device = engine.weights.device
         self.width, self.n = int(width), params.n
         self.eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
+        self.images, self.never = None, never_sampled(self.w, device)  # prompts with images are refused (add)
         self.pending, self.ready_since, self.generated = {}, {}, None
         self.sync_every = 4 if device.type == "cuda" else 1
         self.chunk_tokens = max(1, int(engine.config.max_num_batched_tokens))
@@ -80,6 +81,10 @@ class StreamRun(Run):
         ``prompts.non_tensor_batch['uid']`` names the groups; ``input_ids``/``attention_mask`` are re-padded to
         the stream's width."""
         uids = prompts.non_tensor_batch["uid"]
+        if any(prompts.non_tensor_batch.get("multi_modal_inputs", ())):
+            raise ValueError("prompts with images in an asynchronous trainer mode: the native engine resumes a "
+                             "suspended generation by prefilling it again, which it does for text only. Set "
+                             "trainer.v1.trainer_mode=sync for vision-language data")
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
         lengths = mask.sum(dim=1).tolist()
         if max(lengths, default=0) > self.width:

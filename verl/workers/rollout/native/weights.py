@@ -25,6 +25,10 @@ Families, as transformers computes them:
   SwiGLU MLP. Qwen2-MoE adds a shared expert, a dense SwiGLU MLP scaled by ``sigmoid(shared_expert_gate(x))``.
   Layers listed in ``mlp_only_layers`` or off the ``decoder_sparse_step`` stride keep a dense MLP. Qwen3-MoE's
   ``use_sliding_window`` windows every layer; Qwen2-MoE's ``layer_types`` marks its sliding layers.
+- qwen2_vl, qwen2_5_vl: the language model of Qwen2-VL / Qwen2.5-VL (Qwen 2's attention with q/k/v biases) with
+  M-RoPE: the rotary frequencies split into ``mrope_section`` temporal/height/width sections, each turned by that
+  coordinate of the token's position (the prompt's from the data's ``position_ids``; a generated token's three
+  are equal). The vision tower runs once per prompt, outside these weights (``verl.models.vision.encode_images``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ __all__ = ["DecoderWeights", "LayerWeights", "SUPPORTED_MODEL_TYPES", "Unsupport
 LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 MOE = ("qwen3_moe", "qwen2_moe")
 GEMMA = ("gemma2", "gemma3_text", "gemma3")
-SUPPORTED_MODEL_TYPES = LLAMA_LIKE + MOE + GEMMA
+VISION_LANGUAGE = ("qwen2_vl", "qwen2_5_vl")  # their language model; the engine runs the vision tower per prompt
+SUPPORTED_MODEL_TYPES = LLAMA_LIKE + MOE + GEMMA + VISION_LANGUAGE
 # Families whose attention applies config.sliding_window in every layer (when set).
 WINDOWED_EVERY_LAYER = ("mistral", "phi3", "qwen3_moe")
 # RoPE variants whose frequencies do not depend on the sequence length (dynamic/longrope do).
@@ -57,10 +62,10 @@ class UnsupportedModelError(ValueError):
 
 def _unsupported(what: str) -> UnsupportedModelError:
     return UnsupportedModelError(
-        f"rollout.name=native does not support {what}; it runs {', '.join(SUPPORTED_MODEL_TYPES[:-1])} and "
-        f"{SUPPORTED_MODEL_TYPES[-1]} (text only) decoders (RMSNorm, static RoPE, gated MLP or mixture of gated "
-        "experts, full or sliding-window attention). Set actor_rollout_ref.rollout.name=hf to generate with "
-        "transformers instead.", what)
+        f"rollout.name=native does not support {what}; it runs {', '.join(LLAMA_LIKE + MOE + GEMMA[:2])} and "
+        f"{GEMMA[-1]} (text only) decoders (RMSNorm, static RoPE, gated MLP or mixture of gated experts, full or "
+        f"sliding-window attention) and the vision-language {' and '.join(VISION_LANGUAGE)}. Set "
+        "actor_rollout_ref.rollout.name=hf to generate with transformers instead.", what)
 
 
 @dataclass
@@ -118,9 +123,16 @@ class DecoderWeights:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise _unsupported(f"model_type {model_type!r} ({type(module).__name__})")
-        multimodal = model_type == "gemma3"
+        multimodal = model_type == "gemma3" or model_type in VISION_LANGUAGE
         text = config.get_text_config() if multimodal else config
         self.decoder = module.model.language_model if multimodal else module.model
+        # Qwen2-VL's M-RoPE: the rotary frequencies in three sections, turned by a token's temporal, height and
+        # width positions (equal for text, so a generated token's rotation is plain RoPE at its text position).
+        self.mrope_section = (list(self.decoder.rotary_emb.mrope_section) if model_type in VISION_LANGUAGE
+                              else None)  # as transformers resolved it (a config may leave it to the default)
+        # A vision-language model's image/video placeholders and vision-start mark: written by the processor only,
+        # never sampled (verl.models.vision.placeholder_token_ids).
+        self.image_token_id = int(config.image_token_id) if model_type in VISION_LANGUAGE else None
         self.gemma = model_type in GEMMA
         act_key = "hidden_activation" if self.gemma else "hidden_act"  # the key the family's MLP reads
         act = getattr(text, act_key, "silu")
