@@ -107,6 +107,17 @@ def test_placeholders_are_never_sampled_and_log_probs_stay_the_models(vlm):
             model.lm_head.weight[video] = saved
 
 
+def test_prompts_with_image_tokens_but_text_positions_are_refused(vlm):
+    """A multi-turn agent loop hands the rollout text prompts (2-D positions, no pixels): with image placeholders
+    in them the engine stops instead of generating from placeholder embeddings."""
+    model, processor = vlm
+    batch = prompts(processor, do_sample=False)
+    batch.batch["position_ids"] = batch.batch["position_ids"][:, 0]
+    batch.non_tensor_batch.pop("multi_modal_inputs")
+    with pytest.raises(ValueError, match="image placeholder tokens but no 3-row M-RoPE position_ids"):
+        NativeRollout(make_config(response_length=RESPONSE_LENGTH), model, processor.tokenizer).generate_sequences(batch)
+
+
 def test_asynchronous_modes_refuse_prompts_with_images(vlm):
     model, processor = vlm
     rollout = NativeRollout(make_config(response_length=RESPONSE_LENGTH), model, processor.tokenizer)

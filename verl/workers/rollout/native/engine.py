@@ -235,6 +235,12 @@ class NativeRollout(BaseRollout):
         M-RoPE positions; None for a text model, or data without the three-row ``position_ids``."""
         positions = prompts.batch.get("position_ids", None)
         if self.weights.mrope_section is None or positions is None or positions.dim() != 3:
+            image_token = self.weights.image_token_id
+            if image_token is not None and bool((prompts.batch["input_ids"] == image_token).any()):
+                raise ValueError(  # e.g. a multi-turn agent loop, which passes text prompts only
+                    "prompts hold image placeholder tokens but no 3-row M-RoPE position_ids reached the rollout, so "
+                    "their images cannot be placed; generate vision-language prompts in single-turn, synchronous "
+                    "rollouts (drop actor_rollout_ref.rollout.multi_turn.enable)")
             if any(prompts.non_tensor_batch.get("multi_modal_inputs", ())):
                 raise ValueError(
                     f"prompts with images for a {self.weights.model_type} model: the native engine generates with "
