@@ -128,8 +128,9 @@ def test_asynchronous_modes_refuse_prompts_with_images(vlm):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graphs_with_images_match_hf(vlm):
-    """On CUDA (fp32): decode under CUDA graphs, each slot's M-RoPE offset read from the graphs' state, with the
-    fused attention kernel; greedy ids equal the hf engine's and log-probs the trainer's forward."""
+    """On CUDA (fp32, so exact comparisons hold): decode under CUDA graphs, each slot's M-RoPE offset read from
+    the graphs' state (the fused RoPE/cache-write kernel); greedy ids equal the hf engine's and log-probs the
+    trainer's forward, sampled ones too (the Triton sampler, placeholders at -inf)."""
     model, processor = vlm
     model = model.cuda()
     try:

@@ -299,7 +299,7 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
     groups = w.num_heads // w.num_kv_heads
     fused = triton_ops.enabled(tokens)  # the Triton kernels serve CUDA tensors only
     # The fused attention reads each row's visible columns only; the torch path reads every column and masks.
-    fuse_attention = fused and triton_ops.decode_attention_supported(w.head_dim, groups)
+    fuse_attention = fused and triton_ops.decode_attention_supported(w.head_dim, groups, w.dtype)
     biases = {} if fuse_attention else {window: decode_bias(cache.columns, start, write_pos, window, w.dtype)
                                         for window in set(w.windows)}
     fuse_rope = fused and triton_ops.rope_supported(w.head_dim) and w.rotary_dim == w.head_dim

@@ -107,15 +107,16 @@ def _attention_block(q, k_ptr, v_ptr, col, hi, d, m, total, acc, scale, softcap,
     return m_new, total, acc
 
 
-@triton.jit(do_not_specialize=["window"])
+@triton.jit(do_not_specialize=["window", "splits"])
 def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, max_len, window,
-                            scale, softcap, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr,
-                            BN: tl.constexpr, SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+                            splits, scale, softcap, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                            GP: tl.constexpr, BN: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
                             INTERPRETED: tl.constexpr):
     """One program per (row, kv head, split): the ``G`` query heads that share the kv head attend over the split's
     share of the row's visible columns ``[first, wpos]`` (``first``: the row's start, or the window's first column)
     in blocks of ``BN`` columns, with an online softmax in float32. One split writes the output; several write
-    their running max, sum and unnormalised output for ``decode_attention_combine_kernel``."""
+    their running max, sum and unnormalised output for ``decode_attention_combine_kernel``. ``splits`` and the
+    window are runtime values: one compiled kernel serves every batch size and layer."""
     rh = tl.program_id(0).to(tl.int64)  # row * HKV + kv head; row i reads slot i of the cache
     split = tl.program_id(1)
     row = rh // HKV
@@ -124,7 +125,7 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, o_ptr, m_p
     if window > 0:
         first = tl.maximum(first, wpos - window + 1)
     span = wpos + 1 - first
-    per_split = tl.cdiv(tl.cdiv(span, SPLITS), BN) * BN
+    per_split = tl.cdiv(tl.cdiv(span, splits), BN) * BN
     lo = first + split * per_split
     hi = tl.minimum(lo + per_split, wpos + 1)
     g = tl.arange(0, GP)
@@ -146,30 +147,30 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, o_ptr, m_p
             m, total, acc = _attention_block(q, k_row, v_row, col, hi, d, m, total, acc, scale, softcap, D, BN,
                                              SOFTCAP, IEEE)
     rows = g[:, None] < G
-    if SPLITS == 1:
+    if splits == 1:
         out = acc / total[:, None]
         tl.store(o_ptr + (rh * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=rows)
     else:
-        at = (rh * SPLITS + split) * G + g
+        at = (rh * splits + split) * G + g
         tl.store(m_ptr + at, m, mask=g < G)
         tl.store(l_ptr + at, total, mask=g < G)
         tl.store(acc_ptr + at[:, None] * D + d[None, :], acc, mask=rows)
 
 
-@triton.jit
-def decode_attention_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, G: tl.constexpr, D: tl.constexpr,
-                                    SPLITS: tl.constexpr, SP: tl.constexpr):
-    """One program per (row, kv head, query head of the group): the splits' partial softmaxes rescaled to the
-    largest running max and summed. A split that saw no column has max -inf and weighs nothing."""
+@triton.jit(do_not_specialize=["splits"])
+def decode_attention_combine_kernel(m_ptr, l_ptr, acc_ptr, o_ptr, splits, G: tl.constexpr, D: tl.constexpr,
+                                    SP: tl.constexpr):
+    """One program per (row, kv head, query head of the group): the ``splits`` (at most ``SP``) partial softmaxes
+    rescaled to the largest running max and summed. A split that saw no column has max -inf and weighs nothing."""
     pid = tl.program_id(0).to(tl.int64)
     rh = pid // G
     gi = pid % G
     s = tl.arange(0, SP)
     d = tl.arange(0, D)
-    at = (rh * SPLITS + s) * G + gi
-    m = tl.load(m_ptr + at, mask=s < SPLITS, other=float("-inf"))
-    total = tl.load(l_ptr + at, mask=s < SPLITS, other=0.0)
-    acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
+    at = (rh * splits + s) * G + gi
+    m = tl.load(m_ptr + at, mask=s < splits, other=float("-inf"))
+    total = tl.load(l_ptr + at, mask=s < splits, other=0.0)
+    acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=(s < splits)[:, None], other=0.0)
     top = tl.max(m, axis=0)
     w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(total * w, axis=0)

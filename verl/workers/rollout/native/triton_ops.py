@@ -68,10 +68,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def decode_attention_supported(head_dim: int, groups: int) -> bool:
-    """Whether :func:`decode_attention` serves this head shape (its tiles need a power-of-two head dimension of at
-    least 16; a group of query heads is padded to at least 16 rows)."""
-    return 16 <= head_dim <= 512 and head_dim & (head_dim - 1) == 0 and groups <= 64
+MAX_SPLITS = 32  # parts a row's columns are cut into at most (a small batch on a large GPU)
+
+
+def decode_attention_supported(head_dim: int, groups: int, dtype: torch.dtype) -> bool:
+    """Whether the engine's decode step uses :func:`decode_attention`: bf16/fp16 activations (float32 ones, for
+    exact comparisons, keep SDPA: their tiles need up to 150 KB of shared memory and full-precision products) and
+    a head shape its tiles take (a power-of-two head dimension of at least 16; a group of query heads is padded
+    to at least 16 rows)."""
+    return (dtype in (torch.bfloat16, torch.float16) and 16 <= head_dim <= 512 and head_dim & (head_dim - 1) == 0
+            and groups <= 64)
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor,
@@ -85,7 +91,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
     Only the visible columns are read (the torch path reads all ``max_len`` and masks). A row's columns are cut
     into ``splits`` parts attended in parallel and combined (flash-decoding), chosen so that the grid fills the
-    GPU; the grid depends only on ``b`` and the cache's shape, so a CUDA graph captures it."""
+    GPU (at most ``MAX_SPLITS``); the grid depends only on ``b`` and the cache's shape, so a CUDA graph captures
+    it. The split count and the window are runtime arguments: one compile serves every batch-size bucket."""
     b, hkv, groups, head_dim = q.shape
     assert keys.is_contiguous() and values.is_contiguous() and keys.shape[1] == hkv and keys.shape[3] == head_dim
     q = q.contiguous()
@@ -93,8 +100,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     block = 64 if head_dim <= 128 else 32
     if splits is None:
         programs = 2 * _multiprocessors(q.device) if q.is_cuda else 1
-        splits = min(_cdiv(programs, max(1, b * hkv)), _cdiv(max_len, 4 * block), 32)
-    splits = max(1, int(splits))
+        splits = min(_cdiv(programs, max(1, b * hkv)), _cdiv(max_len, 4 * block))
+    splits = max(1, min(int(splits), MAX_SPLITS))
     out = torch.empty_like(q)
     if splits > 1:
         m = torch.empty(b, hkv, splits, groups, dtype=torch.float32, device=q.device)
@@ -104,14 +111,14 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         m = total = acc = out
     kernels = _kernels()
     kernels.decode_attention_kernel[(b * hkv, splits)](
-        q, keys, values, start, write_pos, out, m, total, acc, max_len, int(window or 0),
+        q, keys, values, start, write_pos, out, m, total, acc, max_len, int(window or 0), splits,
         float(head_dim ** -0.5 if scale is None else scale),
-        float(softcap or 1.0), HKV=hkv, G=groups, D=head_dim, GP=max(16, _next_pow2(groups)), BN=block, SPLITS=splits,
+        float(softcap or 1.0), HKV=hkv, G=groups, D=head_dim, GP=max(16, _next_pow2(groups)), BN=block,
         SOFTCAP=softcap is not None, IEEE=q.dtype == torch.float32,
         INTERPRETED=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
     if splits > 1:
-        kernels.decode_attention_combine_kernel[(b * hkv * groups,)](m, total, acc, out, G=groups, D=head_dim,
-                                                                    SPLITS=splits, SP=_next_pow2(splits), num_warps=4)
+        kernels.decode_attention_combine_kernel[(b * hkv * groups,)](m, total, acc, out, splits, G=groups,
+                                                                    D=head_dim, SP=MAX_SPLITS, num_warps=4)
     return out
 
 
