@@ -110,11 +110,19 @@ def test_geo3k_grpo_on_two_ray_workers(geo3k, tmp_path, monkeypatch, ray_session
     assert data["perf/throughput"] == pytest.approx(data["perf/total_num_tokens"] / data["perf/time_per_step"] / 2)
 
 
-def test_asynchronous_vision_language_run_is_refused(geo3k, tmp_path, capsys):
-    assert main(command(geo3k, tmp_path, "trainer.v1.trainer_mode=colocate_async")) == 1
-    err = capsys.readouterr().err
-    assert "vision-language model, and the asynchronous modes resume suspended generations" in err
-    assert "Use trainer.v1.trainer_mode=sync" in err
+@pytest.mark.slow
+def test_geo3k_grpo_in_colocate_async(geo3k, tmp_path, monkeypatch):
+    """The asynchronous trainer streams image prompts: groups generated a policy version ahead are trained, their
+    rows carrying pixels and M-RoPE positions into the actor's update."""
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_file))
+    assert main(command(geo3k, tmp_path, "trainer.v1.trainer_mode=colocate_async", "trainer.test_freq=-1",
+                        "trainer.v1.sampler.max_off_policy_threshold=1")) == 0
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert max(r["data"]["async/staleness/max"] for r in records) == 1  # step 2 trained groups of version 0
+    for key in ("actor/pg_loss", "actor/grad_norm", "training/rollout_probs_diff_max"):
+        assert all(math.isfinite(r["data"][key]) for r in records), key
 
 
 def test_text_model_refuses_image_data(geo3k, tiny_qwen2_dir, tmp_path, capsys):

@@ -6,8 +6,8 @@ the run generates with transformers' ``generate`` (``rollout.name=hf``) instead,
 reason: the same answer the native engine would give at its first call, found by building the model on the meta
 device (no weights read, no memory) and asking the engine's own checks. A hub name (no local folder) is not
 fetched for this: the engine refuses an unsupported one when it loads, saying to set ``rollout.name=hf``. The
-asynchronous trainer modes need the native engine (they suspend and resume generations, text only); there the
-run stops with the fix instead.
+asynchronous trainer modes need the native engine (they suspend and resume generations); there the run stops
+with the fix instead.
 """
 
 from __future__ import annotations
@@ -26,14 +26,12 @@ class EngineChoiceError(ValueError):
     """The run needs an engine that cannot generate with its model; the message names the keys to change."""
 
 
-def native_problem(path: str, *, trust_remote_code: bool = False, override_config=None,
-                   asynchronous: bool = False) -> str | None:
+def native_problem(path: str, *, trust_remote_code: bool = False, override_config=None) -> str | None:
     """Why the native engine cannot generate with the model in folder ``path`` (its message), or None when it can
-    (or when ``path`` is a hub name, not read here). ``asynchronous``: for a trainer mode that suspends and
-    resumes generations (which the engine does for text only)."""
+    (or when ``path`` is a hub name, not read here)."""
     import torch
 
-    from verl.models.loader import is_vision_language, load_hf_config
+    from verl.models.loader import load_hf_config
     from verl.models.vision import causal_lm_class
     from verl.workers.rollout.native.weights import DecoderWeights, UnsupportedModelError
 
@@ -41,9 +39,6 @@ def native_problem(path: str, *, trust_remote_code: bool = False, override_confi
         return None  # checks it when it loads (and a missing folder is the loader's error to report)
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key="actor_rollout_ref.model.path")
-    if asynchronous and is_vision_language(config):
-        return (f"{config.model_type} is a vision-language model, and the asynchronous modes resume suspended "
-                "generations by prefilling them again, which the native engine does for text only")
     try:
         with torch.device("meta"):
             module = causal_lm_class(config).from_config(config, trust_remote_code=trust_remote_code)
@@ -64,7 +59,7 @@ def choose_rollout_engine(spec: RunSpec, log=print) -> RunSpec:
         return spec
     model = policy.model
     problem = native_problem(model.path, trust_remote_code=model.trust_remote_code,
-                             override_config=model.override_config, asynchronous=spec.trainer.v1.asynchronous)
+                             override_config=model.override_config)
     if problem is None:
         return spec
     if spec.trainer.v1.asynchronous:

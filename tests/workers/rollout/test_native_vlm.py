@@ -118,11 +118,36 @@ def test_prompts_with_image_tokens_but_text_positions_are_refused(vlm):
         NativeRollout(make_config(response_length=RESPONSE_LENGTH), model, processor.tokenizer).generate_sequences(batch)
 
 
-def test_asynchronous_modes_refuse_prompts_with_images(vlm):
+def test_the_asynchronous_stream_suspends_and_resumes_rows_with_images(vlm):
+    """The asynchronous modes' stream: rows of a group still running when a call returns are suspended, then
+    prefilled again (prompt with its image features at M-RoPE positions, generated tokens at text positions) and
+    finish as the synchronous call does, greedy ids and log-probs alike."""
     model, processor = vlm
-    rollout = NativeRollout(make_config(response_length=RESPONSE_LENGTH), model, processor.tokenizer)
-    with pytest.raises(ValueError, match="trainer.v1.trainer_mode=sync"):
-        rollout.generate_stream(prompts(processor), version=0, until_groups=1)
+    batch = prompts(processor, do_sample=False)
+    width = batch.batch["input_ids"].shape[1]
+    config = make_config(response_length=RESPONSE_LENGTH, n=2, do_sample=False, prompt_length=width)
+    full = NativeRollout(make_config(response_length=RESPONSE_LENGTH, ignore_eos=True), model,
+                         processor.tokenizer).generate_sequences(batch).batch["responses"].tolist()
+    # An eos that stops the first prompt's rows within 3 steps while another prompt's run past step 6.
+    eos = next(t for t in full[0][1:4] if max(r.index(t) if t in r else RESPONSE_LENGTH for r in full) >= 7)
+    batch.meta_info["eos_token_id"] = [eos]
+    whole = NativeRollout(config, model, processor.tokenizer).generate_sequences(batch)
+
+    rollout = NativeRollout(config, model, processor.tokenizer)
+    rollout.default_eos_token_ids = [eos]
+    first, _ = rollout.generate_stream(batch, version=0, until_groups=1)
+    suspended = list(rollout.stream.resuming)
+    assert suspended and all(0 < rollout.stream.row_steps[r] < RESPONSE_LENGTH for r in suspended)
+    rest, stats = rollout.generate_stream(None, version=0, until_groups=3)
+    assert stats["resumed"] == len(suspended) and stats["in_flight_groups"] == 0
+    got = DataProto.concat([first, rest])
+    uids = list(whole.non_tensor_batch["uid"])
+    for uid in set(uids):
+        mine = [i for i, u in enumerate(got.non_tensor_batch["uid"]) if u == uid]
+        theirs = [i for i, u in enumerate(uids) if u == uid]
+        assert torch.equal(got.batch["responses"][mine], whole.batch["responses"][theirs]), uid
+        torch.testing.assert_close(got.batch["rollout_log_probs"][mine], whole.batch["rollout_log_probs"][theirs],
+                                   atol=1e-5, rtol=0)
 
 
 @pytest.mark.gpu

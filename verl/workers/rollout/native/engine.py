@@ -28,12 +28,14 @@ The asynchronous trainer modes keep groups running across calls (:meth:`NativeRo
 running resume in a later call, with the weights of that moment (partial rollout). The scheduler of both is
 :class:`~verl.workers.rollout.native.scheduler.Run`.
 
-A vision-language model (Qwen2-VL, Qwen2.5-VL) generates from prompts with images in the synchronous calls: the
+A vision-language model (Qwen2-VL, Qwen2.5-VL) generates from prompts with images: the
 vision tower encodes each prompt's images once (:func:`verl.models.vision.encode_images`), the prefill takes
 the token embeddings with those features in place of the image placeholders and the prompt's M-RoPE positions
 (the data's 3-row ``position_ids``), and each slot decodes at its text positions (``SlotState.rope_delta``
-moves them past the images' compressed positions). Placeholder tokens are never sampled; the recorded log-probs
-stay those of the raw logits, as the trainer computes them.
+moves them past the images' compressed positions). The stream of the asynchronous modes keeps each group's
+features and positions, so a suspended row is prefilled again with them (its generated tokens at text
+positions). Placeholder tokens are never sampled; the recorded log-probs stay those of the raw logits, as the
+trainer computes them. Multi-turn episodes extend with text only (prompts with images are refused there).
 
 Decode is captured as one CUDA graph per batch-size bucket (``enforce_eager=True`` runs it eagerly,
 as on CPU; so does a mixture of experts whose grouped matmul reads its group sizes on the host, see

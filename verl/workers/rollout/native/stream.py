@@ -10,7 +10,9 @@ When the stream runs again, usually with weights that an update changed, a suspe
 prefilling its prompt and the tokens it generated (their keys/values recomputed with the current weights), and
 it decodes on from where it stopped: *partial rollout*, as the original's V1 trainer does it. Its earlier tokens
 keep the log-probs of the policy that sampled them, so ``rollout_log_probs`` is always the behaviour policy's,
-and each sample records the first and the last policy version it generated tokens with.
+and each sample records the first and the last policy version it generated tokens with. A vision-language
+model's groups keep their image features (encoded once, when the group is added) and M-RoPE positions: a
+resumed row's prompt is prefilled with them, its generated tokens at their text positions.
 
 A call that finds no suspended row and asks for every group runs exactly the synchronous scheduler's steps, so
 an asynchronous trainer allowed no staleness reproduces the synchronous one.
@@ -29,8 +31,8 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout.native.model import prefill
-from verl.workers.rollout.native.scheduler import Run, never_sampled
+from verl.workers.rollout.native.model import embed_with_images, prefill
+from verl.workers.rollout.native.scheduler import PromptImages, Run, never_sampled
 
 __all__ = ["StreamRun", "StreamServer"]
 
@@ -56,7 +58,11 @@ class StreamRun(Run):
         self.device = device = engine.weights.device
         self.width, self.n = int(width), params.n
         self.eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=device)
-        self.images, self.never = None, never_sampled(self.w, device)  # prompts with images are refused (add)
+        self.never = never_sampled(self.w, device)
+        # M-RoPE models: each prompt slot's positions (capacity, 3, width), text offset and image features.
+        self.mrope = self.w.mrope_section is not None
+        self.images = PromptImages([], torch.zeros(0, 3, self.width, dtype=torch.long, device=device)) \
+            if self.mrope else None
         self.pending, self.ready_since, self.generated = {}, {}, None
         self.sync_every = 4 if device.type == "cuda" else 1
         self.chunk_tokens = max(1, int(engine.config.max_num_batched_tokens))
@@ -81,11 +87,8 @@ class StreamRun(Run):
         ``prompts.non_tensor_batch['uid']`` names the groups; ``input_ids``/``attention_mask`` are re-padded to
         the stream's width."""
         uids = prompts.non_tensor_batch["uid"]
-        if any(prompts.non_tensor_batch.get("multi_modal_inputs", ())):
-            raise ValueError("prompts with images in an asynchronous trainer mode: the native engine resumes a "
-                             "suspended generation by prefilling it again, which it does for text only. Set "
-                             "trainer.v1.trainer_mode=sync for vision-language data")
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+        images = self.engine._prompt_images(prompts, self.device)  # encoded once per group; None for text models
         lengths = mask.sum(dim=1).tolist()
         if max(lengths, default=0) > self.width:
             raise ValueError(f"a prompt of {max(lengths)} tokens is longer than actor_rollout_ref.rollout.prompt_length"
@@ -102,6 +105,13 @@ class StreamRun(Run):
             self.input_ids[p, self.width - len(tokens):] = tokens
             self.valid[p, self.width - len(tokens):] = True
             self.pads[p] = self.width - len(tokens)
+            if self.mrope:  # the prompt's M-RoPE positions, re-padded like its tokens (3 equal rows for text)
+                given = prompts.batch["position_ids"][i]
+                given = (given if given.dim() == 2 else given.expand(3, -1))[:, mask[i]].to(self.device)
+                self.images.positions[p].zero_()
+                self.images.positions[p, :, self.width - len(tokens):] = given
+                self.images.features[p] = images.features[i] if images is not None else None
+                self.prompt_delta[p] = given.max() + 1 - len(tokens)
             self.groups[p] = _Group(str(uid), self.next_seq, prompts[i:i + 1].to("cpu"))
             self.next_seq += 1
             rows = range(p * self.n, (p + 1) * self.n)
@@ -272,7 +282,20 @@ class StreamRun(Run):
             inside = torch.arange(extra, device=device)[None] < (steps_t - 1)[:, None]
             ids = torch.cat([ids, self.out_tokens[rows_t, :extra].masked_fill(~inside, pad)], dim=1)
             valid = torch.cat([valid, inside], dim=1)
-        prefill(self.w, self.cache, ids, valid, first_col, slots_t, torch.arange(len(rows), device=device))
+        embeds = positions = None
+        if self.mrope:  # the prompt at its M-RoPE positions, then the generated tokens at their text positions
+            features = [self.images.features[r // n] for r in rows if self.images.features[r // n] is not None]
+            embeds = embed_with_images(self.w, ids, torch.cat(features) if features else None)
+            delta = self.prompt_delta[prompts_t]
+            positions = self.images.positions[prompts_t, :, first_col:]
+            if extra > 0:
+                length = self.width - torch.tensor([self.pads[r // n] for r in rows], device=device)
+                after = length[:, None] + delta[:, None] + torch.arange(extra, device=device)[None]
+                positions = torch.cat([positions, after[:, None].expand(-1, 3, -1)], dim=2)
+            positions = positions.permute(1, 0, 2)
+            s.rope_delta[slots_t] = delta
+        prefill(self.w, self.cache, ids, valid, first_col, slots_t, torch.arange(len(rows), device=device), embeds,
+                positions)
         s.tokens[slots_t] = self.out_tokens[rows_t, steps_t - 1]
         s.write_pos[slots_t] = self.width + steps_t - 1
         s.start[slots_t] = torch.tensor([self.pads[r // n] for r in rows], device=device)
@@ -334,6 +357,10 @@ class StreamRun(Run):
                 new[: old * n] = getattr(self, name)
             setattr(self, name, new)
         self.pads += [self.width] * (capacity - old)
+        if self.mrope:
+            self.images.positions = grown(self.images.positions, (capacity, 3, self.width), 0, torch.long, old)
+            self.images.features += [None] * (capacity - old)
+            self.prompt_delta = grown(getattr(self, "prompt_delta", None), (capacity,), 0, torch.long, old)
         for p in range(old, capacity):
             heapq.heappush(self.free_prompts, p)
         self.capacity, self.rows = capacity, rows
