@@ -59,6 +59,10 @@ def _rank_entry(rank, fn, world_size, backend, init_file, timeout, args):
                             timeout=timedelta(seconds=60))
     try:
         fn(rank, *args)
+        # The ranks tear the group down together: a rank that destroyed it and exited while another still worked
+        # (rank 0 computing a single-process reference) sometimes aborted in gloo's teardown (SIGABRT, "terminate
+        # called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
