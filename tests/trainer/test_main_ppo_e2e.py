@@ -660,29 +660,46 @@ SEPARATE = ["trainer.v1.trainer_mode=separate_async", "trainer.n_gpus_per_node=1
             "trainer.v1.separate_async.parameter_sync_step=2", "actor_rollout_ref.rollout.calculate_log_probs=true"]
 
 
-def test_separate_async_sends_the_weights_to_a_rollout_of_its_own(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
-                                                                  ray_session):
-    """One trainer worker and one rollout worker in pools of their own (gloo on CPU). Allowed no staleness, every
-    group is generated with the weights it is trained on, so the rollout's log-probs are the trainer's (to float
-    error) after every sync, after a resume too (the checkpoint's weights are sent first); validation runs on the
-    rollout while it holds groups. Allowed staleness, the rollout generates the next groups while the trainer
-    trains, so trained groups are a version old."""
-    extra = [*GRPO, *varied_reward, *SEPARATE, "trainer.total_training_steps=3", "trainer.test_freq=3"]
+def check_weights_reach_a_rollout_that_decodes_during_the_update(setup, tmp_path, name, extra, monkeypatch):
+    """Allowed no staleness, every group is generated with the weights it is trained on, so the rollout's log-probs
+    are the trainer's (to float error) after every weight update, after a resume too (the checkpoint's weights go
+    first); validation borrows the rollout while it holds groups. Allowed staleness, the rollout generates the next
+    groups while the trainer trains, so trained groups are a version old."""
+    extra = [*extra, "trainer.total_training_steps=3", "trainer.test_freq=3"]
     exact = [*extra, "trainer.v1.sampler.max_off_policy_threshold=0"]
-    run_dir, records = run(gsm8k_setup, tmp_path, "separate0", *exact, monkeypatch=monkeypatch)
+    run_dir, records = run(setup, tmp_path, f"{name}0", *exact, monkeypatch=monkeypatch)
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         data = record["data"]
         assert data["training/rollout_probs_diff_max"] < 1e-6 and data["async/staleness/max"] == 0
         assert data["perf/weight_sync_gb"] > 0 and "timing_s/update_weights" in data
     assert any(k.startswith("val-core/") for k in records[-1]["data"])
-    _, resumed = run(gsm8k_setup, tmp_path, "separate0_resumed", *exact, "trainer.resume_mode=resume_path",
+    _, resumed = run(setup, tmp_path, f"{name}0_resumed", *exact, "trainer.resume_mode=resume_path",
                      f"trainer.resume_from_path={run_dir}/checkpoints/global_step_2", monkeypatch=monkeypatch)
     assert [r["step"] for r in resumed] == [3] and resumed[0]["data"]["training/rollout_probs_diff_max"] < 1e-6
-    _, ahead = run(gsm8k_setup, tmp_path, "separate1", *extra, "trainer.v1.sampler.max_off_policy_threshold=1",
+    _, ahead = run(setup, tmp_path, f"{name}1", *extra, "trainer.v1.sampler.max_off_policy_threshold=1",
                    "trainer.total_training_steps=2", "trainer.save_freq=-1", monkeypatch=monkeypatch)
     assert max(r["data"]["async/staleness/max"] for r in ahead) == 1
     assert max(r["data"]["training/rollout_probs_diff_max"] for r in ahead) > 1e-6  # generated one update ago
+
+
+def test_separate_async_sends_the_weights_to_a_rollout_of_its_own(gsm8k_setup, varied_reward, tmp_path, monkeypatch,
+                                                                  ray_session):
+    """One trainer worker and one rollout worker in pools of their own (gloo on CPU)."""
+    check_weights_reach_a_rollout_that_decodes_during_the_update(gsm8k_setup, tmp_path, "separate",
+                                                                 [*GRPO, *varied_reward, *SEPARATE], monkeypatch)
+
+
+OVERLAP = [*ASYNC, "trainer.v1.colocate_async.overlap_generation=true", "trainer.backend=local",
+           "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.calculate_log_probs=true"]
+
+
+def test_colocate_async_overlapping_generation_decodes_from_a_copy_refreshed_after_every_update(
+        gsm8k_setup, varied_reward, tmp_path, monkeypatch):
+    """overlap_generation: the colocated rollout decodes on a thread of its own, from its own copy of the weights,
+    while the actor trains in the same process (the local backend); each update's weights are copied into it."""
+    check_weights_reach_a_rollout_that_decodes_during_the_update(gsm8k_setup, tmp_path, "overlap",
+                                                                 [*GRPO, *varied_reward, *OVERLAP], monkeypatch)
 
 
 def test_the_one_step_off_policy_recipe_runs_from_its_own_entry_point(gsm8k_setup, varied_reward, tmp_path,

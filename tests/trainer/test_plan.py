@@ -65,6 +65,22 @@ def test_phases_reference_rollout_and_fit():
     assert plan_memory(config(*overrides), plan.peak, shapes={"actor": SHAPE}).fits is True
 
 
+def test_a_rollout_that_decodes_during_the_update_stays_resident_in_every_phase():
+    overrides = ("actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.actor.use_kl_loss=true",
+                 "trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.overlap_generation=true")
+    plan = plan_memory(config(*overrides), None, shapes={"actor": SHAPE})
+    # its own bf16 copy (2 x 1000), the KV cache as above, the sampling logits: 4 x 8 rows x vocab 50 x 4 bytes
+    rollout = 2 * 1000 + 8 * 2 * 4 * 4 * 32 * 2 + 4 * 8 * 50 * 4
+    assert plan.components["rollout"]["weights (bf16, own copy)"] == 2000
+    resident = 2000 + 4000 + 2 * 1000 // 2 + rollout  # actor master + moments, reference weights, the rollout
+    assert plan.phases["generation"] == resident
+    assert plan.phases["actor update"] == resident - 6000 + sum(plan.components["actor"].values())
+    alternating = plan_memory(config(*overrides[:2], "trainer.v1.trainer_mode=colocate_async"), None,
+                              shapes={"actor": SHAPE})
+    assert alternating.phases["generation"] == plan.phases["generation"]  # generation alone: the same bytes
+    assert plan.phases["actor update"] - alternating.phases["actor update"] == rollout
+
+
 def test_critic_reads_its_own_fsdp_keys_and_a_full_device_leaves_no_cache():
     base = ("algorithm.adv_estimator=gae", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
             "critic.model.enable_gradient_checkpointing=true")

@@ -232,11 +232,13 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
         trained("critic", shapes["critic"], "critic", "critic.model", critic.model, critic, critic.model.fsdp_config,
                 spec.critic_batching.update, spec.critic_batching.mini_batch_size)
 
-    # Generation: the actor's full bf16 weights (gathered), the KV cache and the sampler's logits.
+    # Generation: the actor's full bf16 weights (gathered, or the rollout's own copy), the KV cache and the
+    # sampler's logits. A rollout that decodes during the update (colocate_async.overlap_generation) keeps them all.
     slots = max(1, min(rows, policy.rollout.max_num_seqs))
     kv = slots * 2 * actor.layers * actor.kv_dim * max_len * COMPUTE_BYTES
     util = policy.rollout.gpu_memory_utilization
-    rollout = {"weights (bf16, gathered)": COMPUTE_BYTES * actor.params,
+    overlapping = spec.colocated_rollout_copy
+    rollout = {"weights (bf16, own copy)" if overlapping else "weights (bf16, gathered)": COMPUTE_BYTES * actor.params,
                f"KV cache ({slots} sequences x {max_len} tokens)": kv,
                "sampling logits (fp32)": 4 * slots * actor.vocab * 4}
     if device_bytes is not None:
@@ -246,9 +248,13 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
             plan.notes.append(f"the KV cache is capped at rollout.gpu_memory_utilization={util} of the free memory; "
                               "generation runs in waves")
     plan.components["rollout"] = rollout
+    if overlapping:
+        resident["rollout"] = sum(rollout.values())
+        plan.notes.append("colocate_async.overlap_generation: the rollout's weights, KV cache and sampling buffers stay "
+                          "on the device through every phase")
 
     base = sum(resident.values())
-    plan.phases["generation"] = base + sum(rollout.values())
+    plan.phases["generation"] = base + (0 if overlapping else sum(rollout.values()))
     if spec.use_reference_policy:
         plan.phases["reference log-probs"] = base + ref_forward
     for role in ("actor", "critic"):

@@ -109,7 +109,9 @@ class _RoleWorker(Worker, DistProfilerExtension):
 class ActorRolloutRefWorker(_RoleWorker):
     """The policy's roles on one device. ``config`` is the ``actor_rollout_ref`` section; ``role`` one of
     ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``, ``actor_ref``. A ``rollout`` alone
-    (``separate_async``) holds its own whole copy of the model and receives the actor's weights.
+    (``separate_async``) holds its own whole copy of the model and receives the actor's weights; so does a colocated
+    rollout with ``rollout_copy`` (``colocate_async.overlap_generation``), which decodes on a thread of its own while
+    the actor trains and takes the actor's weights through :meth:`update_rollout_weights`.
 
     The rollout engine generates with the actor engine's module (unsharded around each call); the
     reference policy is a second, frozen copy of ``model.path`` in its own engine (no optimizer),
@@ -118,7 +120,8 @@ class ActorRolloutRefWorker(_RoleWorker):
 
     ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref", "actor_ref")
 
-    def __init__(self, config: ActorRolloutRefConfig, role: str, nccl_timeout_s: float | None = None):
+    def __init__(self, config: ActorRolloutRefConfig, role: str, nccl_timeout_s: float | None = None,
+                 rollout_copy: bool = False):
         config = ActorRolloutRefConfig.from_config(config)
         super().__init__(config.nccl_timeout if nccl_timeout_s is None else nccl_timeout_s)
         if role not in self.ROLES:
@@ -127,11 +130,15 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref", "actor_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref", "actor_ref")
+        if rollout_copy and not (self._is_actor and self._is_rollout):
+            raise ValueError(f"rollout_copy is for a worker that is both actor and rollout, not role {role!r}")
+        # The rollout has its own copy of the weights: on devices of its own, or colocated and decoding on a thread.
+        self._own_rollout_weights = self._is_rollout and (rollout_copy or not self._is_actor)
         self._init_profiler(functools.reduce(ProfilerConfig.union, [
             section.profiler for section, used in ((config.actor, self._is_actor), (config.rollout, self._is_rollout),
                                                    (config.ref, self._is_ref)) if used]), role)
         self.tokenizer = self.actor_engine = self.actor = self.rollout = self.ref_engine = self.ref_policy = None
-        self.rollout_module: torch.nn.Module | None = None  # a rollout's own copy of the model (role "rollout")
+        self.rollout_module: torch.nn.Module | None = None  # a rollout's own copy of the model
         self.lora: LoraSettings | None = None
         self.weight_sync: WeightSyncGroup | None = None  # to or from the other pool (separate_async)
 
@@ -159,26 +166,26 @@ class ActorRolloutRefWorker(_RoleWorker):
         kernel = model_config.fused_kernel_options["impl_backend"] if model_config.use_fused_kernels else "auto"
         self.lora = LoraSettings.from_config(model_config, "actor_rollout_ref.model")
         batching = policy_batching(config, self.world_size, actor=self._is_actor, reference=self._is_ref)
-        if self._is_rollout and not self._is_actor:
-            # A rollout of its own (separate_async): a whole copy of the model in the dtype the colocated rollout
-            # computes in; the trainer's weights arrive through receive_weights.
+        if self._own_rollout_weights:
+            # A rollout of its own (separate_async, or colocated on a thread): a whole copy of the model in the dtype
+            # the colocated rollout computes in; the trainer's weights arrive through receive_weights or
+            # update_rollout_weights.
             dtype = mixed_precision_policy(actor.fsdp_config, self.device).param_dtype
             with startup.WORKER.phase("rollout model load"):
                 self.rollout_module = load_causal_lm(path, dtype=dtype, **load_kwargs).to(self.device).eval()
-        elif self._is_actor or self._is_rollout:
+        if self._is_actor:
             with startup.WORKER.phase("actor model load"):
                 model = load_causal_lm(path, dtype=actor.fsdp_config.model_dtype, **load_kwargs)
                 if self.lora is not None:
                     apply_lora(model, self.lora)
-                if actor.freeze_vision_tower and self._is_actor:
+                if actor.freeze_vision_tower:
                     _freeze_vision_tower(model, path)
             with startup.WORKER.phase("actor fsdp"):
                 self.actor_engine = FSDPEngine(
-                    model, fsdp_config=actor.fsdp_config, optim_config=actor.optim if self._is_actor else None,
+                    model, fsdp_config=actor.fsdp_config, optim_config=actor.optim,
                     grad_clip=actor.grad_clip, device=self.device, compile_layers=actor.use_torch_compile,
-                    enable_gradient_checkpointing=self._is_actor and _checkpointing(model_config),
+                    enable_gradient_checkpointing=_checkpointing(model_config),
                     lora_config=lora_config_dict(model, path) if self.lora is not None else None)
-        if self._is_actor:
             self.actor = DataParallelPPOActor(
                 actor, self.actor_engine, micro_batch_size=batching.update.micro_batch_size,
                 max_token_len=batching.update.max_token_len, remove_padding=remove_padding, logprob_kernel=kernel,
@@ -187,7 +194,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         if self._is_rollout:
             with startup.WORKER.phase("rollout engine"):
                 rollout_class = get_rollout_class(config.rollout.name)
-                module = self.rollout_module if self.actor_engine is None else self.actor_engine.module
+                module = self.actor_engine.module if self.rollout_module is None else self.rollout_module
                 self.rollout = rollout_class(config.rollout, module, self.tokenizer)
             multi_turn = config.rollout.multi_turn
             if multi_turn.enable:
@@ -248,7 +255,7 @@ class ActorRolloutRefWorker(_RoleWorker):
     def _generation_weights(self) -> Iterator[None]:
         """The whole weights the rollout generates with, for the block: the actor's, unsharded (base + LoRA adapter
         merged, adapter layers off), or a rollout's own copy."""
-        if self.actor_engine is None:
+        if self.rollout_module is not None:
             yield
             return
         with self.actor_engine.gathered_params() as module:
@@ -295,6 +302,23 @@ class ActorRolloutRefWorker(_RoleWorker):
                                                timeout=self.nccl_timeout_s)
         tensors = self.weight_sync.receive()
         self.rollout.serve().stage_weights(version, lambda: apply_weights(self.rollout_module, tensors))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_rollout_weights(self, version: int) -> dict:
+        """The actor's weights into this rank's colocated rollout copy (``colocate_async.overlap_generation``): every
+        rank gathers each tensor whole (a collective) in the dtype the rollout computes in, and the rollout's thread
+        copies them in between two rounds of decoding; the groups in flight go on with policy ``version``. Returns
+        the bytes copied."""
+        self._require(self._is_actor and self.rollout_module is not None,
+                      "actor and a rollout copy of its own (trainer.v1.colocate_async.overlap_generation)",
+                      "update_rollout_weights")
+        dtype = mixed_precision_policy(self.config.actor.fsdp_config, self.device).param_dtype
+        tensors = [(name, t.to(dtype) if t.is_floating_point() else t)
+                   for name, t, _ in self.actor_engine.full_tensors()]
+        if self.device == "cuda":  # gathered on this thread's stream; the rollout's thread reads them on its own
+            torch.cuda.current_stream().synchronize()
+        self.rollout.serve().stage_weights(version, lambda: apply_weights(self.rollout_module, tensors))
+        return {"bytes": sum(t.numel() * t.element_size() for _, t in tensors)}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @DistProfiler.annotate(role="actor_compute_log_prob")

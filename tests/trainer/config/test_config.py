@@ -699,6 +699,8 @@ SEPARATE = [f"{V1}.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnod
      "greedy baseline"),
     ([f"{V1}.trainer_mode=colocate_async", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "Set it to naive"),
+    ([f"{V1}.trainer_mode=colocate_async", f"{V1}.colocate_async.overlap_generation=true",
+      "actor_rollout_ref.model.lora_rank=8"], f"{V1}.colocate_async.overlap_generation", "Set it to false"),
     ([f"{V1}.trainer_mode=separate_async"], "actor_rollout_ref.rollout.nnodes", "gives it none"),
     ([*SEPARATE, "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"],
      "actor_rollout_ref.rollout.checkpoint_engine.backend", "Set it to nccl"),
@@ -720,14 +722,19 @@ def test_trainer_mode_mistakes_stop_before_workers_start_naming_the_key(override
 def test_the_trainer_modes_validate_and_reach_the_spec():
     from verl.trainer.config.spec import resolve_run
 
-    for overrides in ([f"{V1}.trainer_mode=colocate_async", f"{V1}.sampler.max_off_policy_threshold=0"], SEPARATE):
+    colocated = [f"{V1}.trainer_mode=colocate_async", f"{V1}.sampler.max_off_policy_threshold=0"]
+    overlapping = [*colocated, f"{V1}.colocate_async.overlap_generation=true"]
+    for overrides, thread in ((colocated, False), (overlapping, True), (SEPARATE, True)):
         validate(*overrides)
         spec = resolve_run(compose_ppo_config([*SEED, *overrides]), choose_checkpointing=False)
         assert spec.trainer.v1.asynchronous and spec.trainer.v1.num_warmup_batches == 1
-    assert resolve_run(compose_ppo_config(SEED), choose_checkpointing=False).trainer.v1.num_warmup_batches == 0
+        assert spec.rollout_thread == thread and spec.colocated_rollout_copy == (overrides is overlapping)
+    spec = resolve_run(compose_ppo_config(SEED), choose_checkpointing=False)
+    assert spec.trainer.v1.num_warmup_batches == 0 and not spec.rollout_thread
 
 
 def test_asynchronous_settings_in_sync_mode_warn(caplog):
     with caplog.at_level(logging.WARNING):
-        validate(f"{V1}.sampler.max_off_policy_threshold=2")
+        validate(f"{V1}.sampler.max_off_policy_threshold=2", f"{V1}.colocate_async.overlap_generation=true")
     assert f"{V1}.sampler.max_off_policy_threshold: is read only by the asynchronous modes" in caplog.text
+    assert f"{V1}.colocate_async.overlap_generation: is read only by the asynchronous modes" in caplog.text

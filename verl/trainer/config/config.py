@@ -68,9 +68,11 @@ class CustomRewardFunctionConfig(BaseConfig):
 
 @section("trainer.v1.colocate_async")
 class ColocateAsyncConfig(BaseConfig):
-    """``colocate_async``: how many prompt batches are generated ahead of the one being trained."""
+    """``colocate_async``: how many prompt batches are generated ahead of the one being trained, and whether the
+    rollout decodes while the trainer trains (on a thread of its own, from its own copy of the weights)."""
 
     num_warmup_batches: int
+    overlap_generation: bool
 
 
 @section("trainer.v1.separate_async.hybrid_rollout")

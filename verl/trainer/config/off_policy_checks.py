@@ -69,6 +69,10 @@ def check_trainer_mode(run: Run) -> Iterator[Issue]:
             yield error(f"{ROLLOUT}.checkpoint_engine.backend", "colocate_async generates with the actor's own "
                                                                 "weights: nothing is sent. Set it to naive (nccl is "
                                                                 "for separate_async)")
+        if run.get(f"{V1}.colocate_async.overlap_generation") and run.get(f"{AR}.model.lora_rank"):
+            yield error(f"{V1}.colocate_async.overlap_generation", "LoRA with a rollout that decodes during the "
+                        "update is not supported here (its copy would need the merged weights after every update). "
+                        "Set it to false")
         return
     yield from _separate_async(run, backend)
 
@@ -106,7 +110,8 @@ def check_async_keys_in_sync_mode(run: Run) -> Iterator[Issue]:
     if run.get(f"{V1}.trainer_mode") != "sync":
         return
     for key in (f"{V1}.sampler.max_off_policy_threshold", f"{V1}.sampler.max_off_policy_strategy",
-                f"{V1}.colocate_async.num_warmup_batches", f"{V1}.separate_async.num_warmup_batches",
+                f"{V1}.colocate_async.num_warmup_batches", f"{V1}.colocate_async.overlap_generation",
+                f"{V1}.separate_async.num_warmup_batches",
                 f"{V1}.separate_async.parameter_sync_step", f"{ROLLOUT}.nnodes"):
         if run.get(key) != run.default(key):
             yield warn(key, f"is read only by the asynchronous modes, and {V1}.trainer_mode=sync. Set {V1}.trainer_mode"

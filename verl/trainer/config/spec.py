@@ -130,6 +130,18 @@ class RunSpec:
         return "rollout" in self.role_pool
 
     @property
+    def colocated_rollout_copy(self) -> bool:
+        """Whether the colocated rollout decodes on a thread of its own from its own copy of the weights, refreshed
+        after every update (``colocate_async.overlap_generation``)."""
+        v1 = self.trainer.v1
+        return v1.trainer_mode == "colocate_async" and v1.colocate_async.overlap_generation
+
+    @property
+    def rollout_thread(self) -> bool:
+        """Whether generation goes on while the trainer trains (separate_async, or colocate_async overlapping)."""
+        return self.separate_rollout or self.colocated_rollout_copy
+
+    @property
     def n_devices(self) -> int:
         return sum(sum(layout) for layout in self.pools.values())
 

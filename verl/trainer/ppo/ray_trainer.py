@@ -354,7 +354,7 @@ class RayPPOTrainer:
             if self.rollouts is not None:
                 self._reward_s = 0.0
                 batch, async_metrics, timing_raw["gen"] = self.rollouts.next_batch(self.policy_version)
-                self.rollouts.submit_ahead()  # separate_async: its devices decode the next groups during the update
+                self.rollouts.submit_ahead()  # a rollout that decodes during the update gets the next groups now
                 batch.meta_info["global_steps"] = self.global_steps
                 timing_raw["reward"] = self._reward_s
                 metrics.update(async_metrics)
@@ -398,7 +398,7 @@ class RayPPOTrainer:
                 with marked_timer("update_actor", timing_raw):
                     output = groups.actor_rollout.update_actor(batch)
                 self.policy_version += 1
-                if config.separate_rollout:
+                if config.rollout_thread:
                     with marked_timer("update_weights", timing_raw):
                         metrics.update(self._send_weights())
                 if fused_old_log_prob:
@@ -445,9 +445,13 @@ class RayPPOTrainer:
                         self.tokenizer, self.global_steps)
 
     def _send_weights(self) -> dict:
-        """``separate_async``: the actor's weights to the rollout's own workers (their decoding goes on meanwhile;
-        the groups in flight continue with the new weights), tagged with the policy version."""
+        """The actor's weights to a rollout that decodes during the update (its groups in flight continue with the
+        new weights), tagged with the policy version: to the rollout's own workers (``separate_async``), or into
+        each rank's colocated copy (``colocate_async.overlap_generation``)."""
         groups = self.workers
+        if not self.spec.separate_rollout:
+            copied = groups.actor_rollout.update_rollout_weights(self.policy_version)[0]
+            return {"perf/weight_sync_gb": copied["bytes"] / 2**30}
         if self._sync_address is None:
             self._sync_address = groups.actor_rollout.weight_sync_address()
         world = 1 + groups.rollout.world_size
@@ -488,7 +492,7 @@ class RayPPOTrainer:
             batch_size=self.spec.data.train_batch_size, world_size=self.workers.rollout.world_size,
             threshold=v1.sampler.max_off_policy_threshold, strategy=v1.sampler.max_off_policy_strategy,
             warmup_batches=v1.num_warmup_batches, prompts=batches, generate=self.workers.rollout.generate_stream,
-            score=score, keep_group=keep_group, ahead_of_update=self.spec.separate_rollout)
+            score=score, keep_group=keep_group, ahead_of_update=self.spec.rollout_thread)
         if self._async_state is not None:
             rollouts.load_state_dict(self._async_state, self.policy_version)
         return rollouts
@@ -514,7 +518,7 @@ class RayPPOTrainer:
         last_metrics: dict = {}
         try:
             self._load_checkpoint()
-            if self.spec.separate_rollout and self.policy_version:  # the rollout loaded model.path, not the checkpoint
+            if self.spec.rollout_thread and self.policy_version:  # the rollout loaded model.path, not the checkpoint
                 self._send_weights()
             if self.global_steps:
                 tracker.resumed_at(self.global_steps)

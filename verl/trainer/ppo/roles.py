@@ -44,7 +44,7 @@ class WorkerGroups:
             role = role.replace("_rollout", "")
         timeout = spec.actor_rollout_ref.nccl_timeout  # every role: whichever joins first sets the group's
         roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=spec.actor_rollout_ref, role=role,
-                                                    nccl_timeout_s=timeout)}
+                                                    nccl_timeout_s=timeout, rollout_copy=spec.colocated_rollout_copy)}
         if spec.separate_rollout:
             roles["rollout"] = ClassWithInitArgs(ActorRolloutRefWorker, config=spec.actor_rollout_ref, role="rollout",
                                                  nccl_timeout_s=timeout)

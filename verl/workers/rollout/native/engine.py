@@ -125,7 +125,7 @@ class NativeRollout(BaseRollout):
         self.profile = False
         self.last_stats: dict = {}
         self.stream: StreamRun | None = None  # the asynchronous trainer's groups in flight
-        self.server: StreamServer | None = None  # the same, decoded on a thread of its own (separate_async)
+        self.server: StreamServer | None = None  # the same, decoded on a thread of its own (serve())
 
     def free_cache(self) -> None:
         """Release the KV cache and the captured graphs (their memory pool)."""
@@ -190,7 +190,8 @@ class NativeRollout(BaseRollout):
         return self._stream_output([chunk], stream.params), stats
 
     def serve(self) -> StreamServer:
-        """Turn this engine into a rollout that decodes on its own thread (``separate_async``): from now on
+        """Turn this engine into a rollout that decodes on its own thread (``separate_async``, or
+        ``colocate_async.overlap_generation``): from now on
         :meth:`generate_stream` hands groups over to it and takes the finished ones, and new weights go through
         ``server.stage_weights``. The module must be this worker's own copy (no other code changes it)."""
         if self.server is None:

@@ -369,8 +369,14 @@ class StreamRun(Run):
 
 
 class StreamServer:
-    """A :class:`StreamRun` that never waits for the trainer (``separate_async``): a thread of its own decodes
-    whenever groups are in flight, on a rollout worker that holds its own copy of the weights.
+    """A :class:`StreamRun` that never waits for the trainer: a thread of its own decodes whenever groups are in
+    flight, from a copy of the weights of its own (``separate_async``'s rollout workers, or a colocated rollout with
+    ``colocate_async.overlap_generation``).
+
+    On CUDA the thread decodes on a stream of its own, of high priority, so that its small decode kernels run
+    between the kernels a colocated trainer launches meanwhile on its stream instead of queueing behind them. The
+    thread hands finished rows out on the CPU, and waits for its stream after it copied new weights in (the caller
+    may then free them) and before it lends the engine out.
 
     Callers (the worker's methods, on another thread) hand over prompts and take finished groups with
     :meth:`exchange`, and hand over new weights with :meth:`stage_weights`; the thread applies them between two
@@ -458,6 +464,17 @@ class StreamServer:
 
     # ------------------------------------------------------------------ the thread
     def _serve(self) -> None:
+        device = self.engine.weights.device
+        cuda = torch.cuda.stream(torch.cuda.Stream(device, priority=-1)) if device.type == "cuda" else None
+        with cuda or contextlib.nullcontext():
+            self._serve_loop()
+
+    def _settle(self) -> None:
+        """Wait for the work this thread queued on its CUDA stream (nothing to wait for on CPU)."""
+        if self.engine.weights.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+
+    def _serve_loop(self) -> None:
         stream, attached = self.stream, False
         try:
             while True:
@@ -473,11 +490,13 @@ class StreamServer:
                             version, apply = self.staged
                             with torch.no_grad():
                                 apply()
+                            self._settle()
                             self.version, self.staged = version, None
                             self.stats["weight_updates"] += 1
                             self.cond.notify_all()
                         self.paused_now = bool(self.pauses)
                         if self.paused_now:
+                            self._settle()
                             self.cond.notify_all()
                         elif stream.busy():
                             break
@@ -524,7 +543,10 @@ class StreamServer:
             self._hand_out()
 
     def _hand_out(self) -> None:
-        chunk = self.stream.take_finished()
+        groups, tokens, log_probs, first, last = self.stream.take_finished()
+        # On the CPU before they leave this thread: a caller reading them on its own CUDA stream could otherwise
+        # find their memory reused by this thread's stream meanwhile.
+        chunk = (groups, tokens.cpu(), log_probs.cpu(), first, last)
         self.in_flight -= {g.uid for g in chunk[0]}
         self.ready.append(chunk)
         self.cond.notify_all()
