@@ -518,7 +518,12 @@ def test_step_time_leaves_out_validation_and_checkpoints(gsm8k_setup, varied_rew
                      "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", "trainer.test_freq=1",
                      monkeypatch=monkeypatch)
     data = records[0]["data"]
-    assert data["timing_s/testing"] >= 3 > data["timing_s/step"] and data["timing_s/save_checkpoint"] > 0
+    assert data["timing_s/testing"] >= 3 and data["timing_s/save_checkpoint"] > 0
+    # The step is its stages (within 1.5 s of bookkeeping), not the 3 s of validation more: a bound that holds however
+    # slowly a loaded machine runs the stages.
+    outside = ("timing_s/step", "timing_s/testing", "timing_s/save_checkpoint")
+    stages = sum(v for k, v in data.items() if k.startswith("timing_s/") and k not in outside)
+    assert stages <= data["timing_s/step"] < stages + 1.5
     assert data["perf/time_per_step"] == data["timing_s/step"]
 
 
