@@ -143,3 +143,38 @@ def test_rows_with_videos_stop_the_run_before_any_worker(geo3k, tmp_path, capsys
     assert f"Cannot start: {tmp_path / 'with_videos.parquet'}, row 1, column 'videos' (data.video_key)" in err
     assert "does not support video inputs" in err
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_geo3k_ppo_with_a_vision_language_critic(geo3k, tmp_path, monkeypatch):
+    """PPO (GAE) on image prompts: the critic is a vision-language value model too (the policy's path, plus a value
+    head), so its values and its update read each row's pixels and M-RoPE positions, as the actor's do."""
+    import verl.workers.critic as critic_module
+
+    pixels = []  # per critic forward (values, then the update's micro-batches): the image patches it was given
+    real = critic_module.forward_values
+
+    def spy(*args, multi_modal_inputs=None, **kwargs):
+        pixels.append(0 if multi_modal_inputs is None else len(multi_modal_inputs["pixel_values"]))
+        return real(*args, multi_modal_inputs=multi_modal_inputs, **kwargs)
+
+    monkeypatch.setattr(critic_module, "forward_values", spy)
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(metrics_file))
+    assert main(command(geo3k, tmp_path, "algorithm.adv_estimator=gae", "critic.optim.lr=1e-3",
+                        "critic.ppo_micro_batch_size_per_gpu=2", "critic.model.fsdp_config.dtype=float32",
+                        "trainer.total_training_steps=1", "trainer.test_freq=-1")) == 0
+    [record] = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    data = record["data"]
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/values/mean", "actor/pg_loss"):
+        assert math.isfinite(data[key]) and (key != "critic/grad_norm" or data[key] > 0), (key, data[key])
+    assert len(pixels) >= 2 and all(pixels), pixels  # every geo3k row holds a picture
+
+
+def test_a_text_critic_for_a_vision_language_policy_stops_naming_the_key(geo3k, tiny_qwen2_dir, tmp_path, capsys):
+    assert main(command(geo3k, tmp_path, "algorithm.adv_estimator=gae", f"critic.model.path={tiny_qwen2_dir}")) == 1
+    err = capsys.readouterr().err
+    assert f"critic.model.path={tiny_qwen2_dir!r} is a text model" in err and "cannot read the prompts' images" in err
+    assert not (tmp_path / "checkpoints").exists()
+    assert main(command(geo3k, tmp_path, "algorithm.adv_estimator=gae", "critic.model.lora_rank=8")) == 1
+    assert "- critic.model.lora_rank: a LoRA adapter on a vision-language critic" in capsys.readouterr().err

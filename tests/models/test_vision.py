@@ -95,3 +95,34 @@ def test_vision_tower_found(vlm_dir, tiny_qwen2_dir):
     assert vision_tower(load_causal_lm(vlm_dir)) is not None
     assert vision_tower(load_causal_lm(tiny_qwen2_dir)) is None
     assert load_processor(tiny_qwen2_dir) is None
+
+
+def test_a_vision_language_value_model_reads_the_images(vlm_dir, tmp_path):
+    """The critic of a vision-language policy: the whole model plus a one-output ``score`` head. A value is the head
+    on the final hidden state just before its response token (worked here from the backbone's own output), the images
+    change it, packed equals padded, the seeded head is the same on every load, and a saved value model gives its
+    head back."""
+    from verl.models import forward_values, load_value_model
+
+    processor = load_processor(vlm_dir)
+    model = load_value_model(vlm_dir).eval()
+    assert model.score.weight.shape == (1, 64) and model.score.bias is None
+    torch.testing.assert_close(load_value_model(vlm_dir).score.weight, model.score.weight, rtol=0, atol=0)
+    input_ids, mask, positions, multi_modal, response_length = _batch(processor)
+    with torch.no_grad():
+        values = forward_values(model, input_ids, mask, positions, response_length, multi_modal_inputs=multi_modal)
+        hidden = model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions.transpose(0, 1),
+                             **multi_modal).last_hidden_state
+        by_hand = (hidden[:, -response_length - 1:-1] @ model.score.weight[0]).float()
+        packed = forward_values(load_value_model(vlm_dir, remove_padding=True).eval(), input_ids, mask, positions,
+                                response_length, remove_padding=True, multi_modal_inputs=multi_modal)
+        blind = forward_values(model, input_ids, mask, positions, response_length)
+    valid = mask[:, -response_length:].bool()
+    torch.testing.assert_close(values, by_hand, rtol=0, atol=1e-6)
+    torch.testing.assert_close(packed[valid], values[valid], rtol=0, atol=1e-5)
+    assert not torch.allclose(blind[:2], values[:2])  # the images do change the values
+
+    with torch.no_grad():
+        model.score.weight.mul_(3.0)
+    model.save_pretrained(tmp_path / "critic")
+    assert torch.equal(load_value_model(str(tmp_path / "critic")).score.weight, model.score.weight)

@@ -163,3 +163,7 @@ def test_shape_of_a_vision_language_model_counts_its_vision_tower(tmp_path, tiny
     model = transformers.AutoModelForImageTextToText.from_pretrained(path)
     assert shape.params == sum(p.numel() for p in model.parameters())
     assert shape.layers == model.config.text_config.num_hidden_layers
+    from verl.models import load_value_model  # its critic: the same model and a head of one output
+
+    critic = plan_module.model_shape(path, config_key="critic.model.path", value_head=True)
+    assert critic.params == sum(p.numel() for p in load_value_model(path).parameters()) == shape.params + 64

@@ -137,9 +137,9 @@ def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, tru
                             config_key=config_key)
     if is_vision_language(config):
         if auto_class != "AutoModelForCausalLM":
-            raise ValueError(f"{config_key}={path!r} is a vision-language model ({config.model_type}); only the policy "
-                             "(actor, reference, rollout) can be one. Value and reward models must be text models: "
-                             "use algorithm.adv_estimator=grpo (no critic), or a text model for this role.")
+            raise ValueError(f"{config_key}={path!r} is a vision-language model ({config.model_type}); a reward model "
+                             "must be a text model here. Use a text reward model, or a rule reward "
+                             "(custom_reward_function) that reads the response.")
         auto_class = "AutoModelForImageTextToText"  # the causal LM of a vision-language model, vision tower included
     mapping = getattr(modeling_auto, _MAPPING_NAMES[auto_class])
     remote = trust_remote_code and auto_class in (getattr(config, "auto_map", None) or {})
@@ -191,6 +191,12 @@ def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, tru
     with a generator seeded with 0, so every rank builds the same head, and its bias is zero. Dropout in the
     head is off (values must be deterministic).
     """
+    config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
+                            config_key=config_key)
+    if is_vision_language(config):
+        return _vision_language_value_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                            override_config=override_config, remove_padding=remove_padding,
+                                            config_key=config_key)
     model, info = load_pretrained("AutoModelForTokenClassification", path, dtype=dtype,
                                   trust_remote_code=trust_remote_code, override_config=override_config,
                                   remove_padding=remove_padding, config_key=config_key, one_label=True,
@@ -198,15 +204,64 @@ def load_value_model(path: str, *, dtype: torch.dtype | str = torch.float32, tru
     head_name = "score" if hasattr(model, "score") else "classifier"
     head = getattr(model, head_name)
     if any(key.split(".")[0] == head_name for key in info["missing_keys"]):
-        std = model.config.initializer_range
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            head.weight.copy_(torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std)
-            if head.bias is not None:
-                head.bias.zero_()
-        logger.info("value model %s: new %s head, N(0, %g^2)", path, head_name, std)
+        _init_value_head(head, model.config.initializer_range, path, head_name)
     model.config.architectures = [type(model).__name__]
     return model
+
+
+def _init_value_head(head: torch.nn.Linear, std: float, path: str, head_name: str) -> None:
+    """N(0, std^2) from a generator seeded with 0 (every rank draws the same head), bias zero."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=generator, dtype=torch.float32) * std)
+        if head.bias is not None:
+            head.bias.zero_()
+    logger.info("value model %s: new %s head, N(0, %g^2)", path, head_name, std)
+
+
+VALUE_HEAD = "score"
+
+
+def _vision_language_value_model(path: str, *, dtype, trust_remote_code: bool, override_config, remove_padding: bool,
+                                 config_key: str):
+    """A vision-language model as a value model: the whole model (vision tower and language model, read the same
+    way as the policy's, with its M-RoPE positions and image inputs) and a ``score`` head of one output on its final
+    hidden states. transformers has no token-classification class for these models, so the head is added to the
+    image-text-to-text model; its ``lm_head`` stays (unused: frozen unless it is the tied input embedding). A
+    folder that is a saved value model of this kind (its weights hold ``score.weight``) gives its head back."""
+    model = load_pretrained("AutoModelForCausalLM", path, dtype=dtype, trust_remote_code=trust_remote_code,
+                            override_config=override_config, remove_padding=remove_padding, config_key=config_key)
+    text = model.config.get_text_config()
+    weight = next(model.parameters())
+    head = torch.nn.Linear(text.hidden_size, 1, bias=False, dtype=weight.dtype, device=weight.device)
+    saved = _saved_tensor(path, f"{VALUE_HEAD}.weight")
+    if saved is None:
+        _init_value_head(head, getattr(text, "initializer_range", 0.02), path, VALUE_HEAD)
+    elif tuple(saved.shape) != tuple(head.weight.shape):
+        raise ValueError(f"{config_key}={path!r}: its {VALUE_HEAD}.weight has shape {tuple(saved.shape)}, not the "
+                         f"{tuple(head.weight.shape)} of a value head on hidden size {text.hidden_size}")
+    else:
+        with torch.no_grad():
+            head.weight.copy_(saved)
+    model.add_module(VALUE_HEAD, head)
+    output = model.get_output_embeddings()
+    if output is not None and output.weight is not model.get_input_embeddings().weight:
+        output.requires_grad_(False)
+    return model
+
+
+def _saved_tensor(path: str, name: str) -> torch.Tensor | None:
+    """The tensor ``name`` from the safetensors files of the model folder ``path``, or None."""
+    from safetensors import safe_open
+
+    folder = os.path.expanduser(path)
+    if not os.path.isdir(folder):
+        return None
+    for file in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
+        with safe_open(os.path.join(folder, file), framework="pt") as reader:
+            if name in reader.keys():
+                return reader.get_tensor(name)
+    return None
 
 
 def load_tokenizer(path: str | None, *, config_key: str = "actor_rollout_ref.model.path",

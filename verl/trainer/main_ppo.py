@@ -82,13 +82,21 @@ def check_vision_language_run(config, processor) -> None:
     """What a vision-language policy cannot run with, refused before any worker starts (DatasetError: main prints it
     as "Cannot start"). Its generation engine is chosen with the run's (:mod:`verl.trainer.rollout_engine`)."""
     from verl.data import DatasetError
+    from verl.models.loader import load_hf_config
+    from verl.models.vision import is_vision_language
     from verl.trainer.config.spec import need_critic
 
-    if need_critic(config.critic.get("enable"), config.algorithm.adv_estimator):
+    if not need_critic(config.critic.get("enable"), config.algorithm.adv_estimator):
+        return
+    critic = config.critic.model
+    critic_config = load_hf_config(critic.path, trust_remote_code=critic.get("trust_remote_code", False),
+                                   config_key="critic.model.path")
+    if not is_vision_language(critic_config):
         raise DatasetError(f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path!r} is a vision-language "
-                           f"model ({processor.config.model_type}); a critic (value model) for it is not supported, "
-                           "and a text critic cannot read its image tokens. Use an estimator without a critic, e.g. "
-                           f"algorithm.adv_estimator=grpo (now {config.algorithm.adv_estimator!r}).")
+                           f"model ({processor.config.model_type}), but critic.model.path={critic.path!r} is a text "
+                           f"model ({critic_config.model_type}), which cannot read the prompts' images. Give the critic "
+                           "a vision-language model too (e.g. the policy's own path), or use an estimator without a "
+                           f"critic, e.g. algorithm.adv_estimator=grpo (now {config.algorithm.adv_estimator!r}).")
 
 
 def run_ppo(config) -> dict:

@@ -103,7 +103,7 @@ def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, 
     import torch
 
     from verl.models.loader import load_hf_config
-    from verl.models.vision import causal_lm_class
+    from verl.models.vision import causal_lm_class, is_vision_language
 
     config = load_hf_config(path, trust_remote_code=trust_remote_code, override_config=override_config,
                             config_key=config_key)
@@ -121,7 +121,9 @@ def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, 
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    if value_head:  # a value head replaces the lm_head (tied or not, its weight is no longer shared)
+    if value_head and is_vision_language(config):  # the model keeps its lm_head, and gains a head of one output
+        params += text.hidden_size
+    elif value_head:  # a value head replaces the lm_head (tied or not, its weight is no longer shared)
         lm_head = text.vocab_size * text.hidden_size
         tied = bool(getattr(text, "tie_word_embeddings", False))
         params = params - (0 if tied else lm_head) + text.hidden_size + 1

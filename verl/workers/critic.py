@@ -16,7 +16,7 @@ from verl.models import forward_values
 from verl.protocol import DataProto
 from verl.utils.seqlen_balancing import map_micro_batches
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor import check_finite, run_mini_batches
+from verl.workers.actor import MULTI_MODAL_KEY, check_finite, multi_modal_inputs, run_mini_batches
 from verl.workers.config.critic import CriticConfig
 
 __all__ = ["DataParallelPPOCritic"]
@@ -53,7 +53,7 @@ class DataParallelPPOCritic:
         response_length = data.batch["responses"].shape[-1]
         return map_micro_batches(data, micro_batch_size, max_token_len, lambda m: forward_values(
             module, m.batch["input_ids"], m.batch["attention_mask"], m.batch["position_ids"], response_length,
-            remove_padding=self.remove_padding))
+            remove_padding=self.remove_padding, multi_modal_inputs=multi_modal_inputs(m)))
 
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes in mini-batches, one optimizer step each, gradients accumulated over
@@ -76,12 +76,14 @@ class DataParallelPPOCritic:
             batch = micro.batch
             mask = batch["response_mask"]
             vpreds = forward_values(module, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                                    mask.shape[-1], remove_padding=self.remove_padding)
+                                    mask.shape[-1], remove_padding=self.remove_padding,
+                                    multi_modal_inputs=multi_modal_inputs(micro))
             vf_loss, vf_clipfrac = compute_value_loss(vpreds, batch["returns"], batch["values"], mask,
                                                       cliprange_value=cliprange, loss_agg_mode=agg_mode)
             metrics = {"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac.detach(),
                        "critic/vpred_mean": masked_mean(vpreds.detach(), mask)}
             return vf_loss * micro.meta_info["loss_scale"], metrics
 
-        return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=[]), config,
+        images = [k for k in (MULTI_MODAL_KEY,) if k in data.non_tensor_batch]  # a vision-language critic's inputs
+        return run_mini_batches(self.engine, data.select(batch_keys=required, non_tensor_batch_keys=images), config,
                                 "critic", self.mini_batch_size, self.micro_batch_size, self.max_token_len, loss_fn)

@@ -37,9 +37,16 @@ def check_lora(run: Run) -> Iterator[Issue]:
         try:
             from verl.models.loader import load_hf_config
 
+            from verl.models.vision import is_vision_language
+
             hf_config = load_hf_config(path, trust_remote_code=bool(model_config.get("trust_remote_code")),
                                        override_config=model_config.get("override_config"),
                                        config_key=f"{section}.path")
+            if value_head and is_vision_language(hf_config):
+                yield error(f"{section}.lora_rank", f"a LoRA adapter on a vision-language critic ({path}) is not "
+                                                    "supported here. Train the whole critic (lora_rank=0), or use an "
+                                                    "estimator without a critic (algorithm.adv_estimator=grpo)")
+                continue
             meta_model_with_adapter(hf_config, settings, value_head=value_head)
         except ValueError as err:
             yield error(f"{section}.target_modules", str(err))
