@@ -57,6 +57,32 @@ def test_hf_rollout_encodes_each_prompt_images_once(vlm_dir):  # noqa: F811
     torch.testing.assert_close(out.batch["rollout_log_probs"], recomputed, rtol=0, atol=1e-4)
 
 
+def test_hf_rollout_on_a_transformers_without_encoder_outputs_passes_the_pixels(vlm_dir, monkeypatch):  # noqa: F811
+    """Models of transformers before ``mm_encoder_outputs`` encode the pixels in their own prefill: each sample is
+    given its prompt's pixels, and greedy decoding gives the ids and log-probs of the encoded-once path."""
+    processor = load_processor(vlm_dir)
+    model = load_causal_lm(vlm_dir).eval()
+    input_ids, mask, positions, mm, response = _rows(processor)
+    prompts = DataProto.from_dict({"input_ids": input_ids[:, :-response], "attention_mask": mask[:, :-response],
+                                   "position_ids": positions[:, :, :-response]},
+                                  non_tensors={"multi_modal_inputs": mm}, meta_info={"eos_token_id": [], "seed": 1})
+    config = OmegaConf.create({"name": "hf", "temperature": 0.0, "top_k": -1, "top_p": 1.0, "do_sample": False,
+                               "n": 2, "prompt_length": input_ids.shape[1] - response, "response_length": 4,
+                               "ignore_eos": True, "micro_batch_size": 3,
+                               "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}})
+    encoded = HFRollout(config, model, processor.tokenizer).generate_sequences(prompts).batch
+    takes = HFRollout._takes
+    monkeypatch.setattr(HFRollout, "_takes", lambda self, name: name != "mm_encoder_outputs" and takes(self, name))
+    pixels = []
+    vision_tower(model).register_forward_hook(lambda module, args, out: pixels.append(args[0].shape[0]))
+    legacy = HFRollout(config, model, processor.tokenizer).generate_sequences(prompts).batch
+    # micro-batches of 3 over the 6 samples (prompts 0, 0, 1 | 1, 2, 2): the model encodes each sample's pixels
+    per_prompt = [len(r["pixel_values"]) if r else 0 for r in mm]
+    assert pixels == [2 * per_prompt[0] + per_prompt[1], per_prompt[1]]
+    assert torch.equal(legacy["responses"], encoded["responses"])
+    torch.testing.assert_close(legacy["rollout_log_probs"], encoded["rollout_log_probs"], rtol=0, atol=1e-5)
+
+
 def test_hf_rollout_never_samples_the_image_placeholders(vlm_dir):  # noqa: F811
     """A policy that favours the image/video placeholders (a hook adds 30 to their logits, so they are its argmax)
     still never writes one: the actor's forward over the responses would fail on an image token without an image.

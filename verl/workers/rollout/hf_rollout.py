@@ -8,18 +8,21 @@ log-probs never need the ``(steps, rows, vocab)`` tensor that ``output_logits`` 
 
 A vision-language model (Qwen2.5-VL) generates from prompts with images: the rows' ``multi_modal_inputs``
 (``pixel_values``, ``image_grid_thw``, see :mod:`verl.models.vision`) go through the vision encoder once per
-prompt, and its outputs are handed to ``generate`` for each of the prompt's ``n`` samples.
+prompt, and its outputs are handed to ``generate`` for each of the prompt's ``n`` samples. A transformers version
+whose models take no precomputed encoder outputs (no ``mm_encoder_outputs`` argument, as before 5.2x) gets each
+sample's pixels instead, and encodes them in its own prefill.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, SuppressTokensLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from verl.models.vision import encode_images, placeholder_token_ids
+from verl.models.vision import encode_images, multi_modal_batch, placeholder_token_ids
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
@@ -107,7 +110,10 @@ class HFRollout(BaseRollout):
         was_training = self.module.training
         self.module.eval()
         try:
-            images = encode_images(self.module, prompts.non_tensor_batch.get("multi_modal_inputs"), device)
+            rows = prompts.non_tensor_batch.get("multi_modal_inputs")
+            images = encode_images(self.module, rows, device) if self._takes("mm_encoder_outputs") else rows
+            if images is not None and not any(r for r in images):
+                images = None
             with _without_model_generation_config(self.module), _seeded(prompts.meta_info.get("seed"), device):
                 for start in range(0, input_ids.shape[0], micro_batch_size):
                     end = start + micro_batch_size
@@ -120,18 +126,30 @@ class HFRollout(BaseRollout):
         return build_rollout_output(prompts, _cat_padded(responses, params.pad_token_id),
                                     _cat_padded(log_probs, 0.0), params)
 
-    def _image_kwargs(self, images: list[tuple], input_ids: torch.Tensor, first_row: int, n: int) -> dict:
-        """``generate``'s image arguments for output rows ``first_row ..`` (row ``i`` samples prompt ``i // n``)."""
+    def _takes(self, argument: str) -> bool:
+        """Whether ``generate`` passes ``argument`` on to this model (its forward or its input preparation)."""
+        return any(argument in inspect.signature(f).parameters
+                   for f in (self.module.forward, self.module.prepare_inputs_for_generation))
+
+    def _image_kwargs(self, images: list, input_ids: torch.Tensor, first_row: int, n: int) -> dict:
+        """``generate``'s image arguments for output rows ``first_row ..`` (row ``i`` samples prompt ``i // n``):
+        the encoder outputs of :func:`encode_images`, or (transformers without ``mm_encoder_outputs``) the rows'
+        ``multi_modal_inputs``, whose pixels the model encodes itself."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         rows = [images[(first_row + i) // n] for i in range(input_ids.shape[0])]
+        token_types = {}
+        if self._takes("mm_token_type_ids"):
+            token_types["mm_token_type_ids"] = (input_ids == self.module.config.image_token_id).int()
+        if not self._takes("mm_encoder_outputs"):
+            pixels = multi_modal_batch(rows, input_ids.device)
+            return {**pixels, **token_types} if pixels else {}
         features = [f for row_features, _ in rows for f in row_features]
         if not features:
             return {}
         grids = torch.cat([grid for _, grid in rows if grid is not None]).to(input_ids.device)
         return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(features))},
-                "image_grid_thw": grids,
-                "mm_token_type_ids": (input_ids == self.module.config.image_token_id).int()}
+                "image_grid_thw": grids, **token_types}
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
                   extra: dict) -> tuple[torch.Tensor, torch.Tensor]:
