@@ -30,22 +30,28 @@ def _rows(processor):
     return input_ids, mask, positions, object_array(rows), response
 
 
-def test_hf_rollout_encodes_each_prompt_images_once(vlm_dir):  # noqa: F811
+def _hf_rollout_inputs(vlm_dir, **sampling):
+    """The model, the three rows' prompts (and their multi_modal_inputs) and an hf rollout config of 4 tokens."""
     processor = load_processor(vlm_dir)
     model = load_causal_lm(vlm_dir).eval()
     input_ids, mask, positions, mm, response = _rows(processor)
     prompts = DataProto.from_dict({"input_ids": input_ids[:, :-response], "attention_mask": mask[:, :-response],
                                    "position_ids": positions[:, :, :-response]},
                                   non_tensors={"multi_modal_inputs": mm}, meta_info={"eos_token_id": [], "seed": 1})
+    config = OmegaConf.create({"name": "hf", "top_k": -1, "top_p": 1.0, "prompt_length": input_ids.shape[1] - response,
+                               "response_length": 4, "ignore_eos": True, **sampling,
+                               "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}})
+    return processor, model, mm, prompts, config
+
+
+def test_hf_rollout_encodes_each_prompt_images_once(vlm_dir):  # noqa: F811
+    processor, model, mm, prompts, config = _hf_rollout_inputs(vlm_dir, temperature=1.0, do_sample=True, n=3,
+                                                               micro_batch_size=4)
     calls = []
     vision_tower(model).register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
-    config = OmegaConf.create({"name": "hf", "temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": True, "n": 3,
-                               "prompt_length": input_ids.shape[1] - response, "response_length": 4,
-                               "ignore_eos": True, "micro_batch_size": 4,
-                               "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}})
     out = HFRollout(config, model, processor.tokenizer).generate_sequences(prompts)
     assert calls == [int(sum(len(r["pixel_values"]) for r in mm if r))]  # one encoder pass for the batch
-    assert out.batch["position_ids"].shape == (9, 3, input_ids.shape[1] - response + 4)
+    assert out.batch["position_ids"].shape == (9, 3, prompts.batch["input_ids"].shape[1] + 4)
     assert len(out.non_tensor_batch["multi_modal_inputs"]) == 9
     # The rollout's log-probs are the model's own with the images (recomputed in one padded forward).
     with torch.no_grad():
@@ -60,16 +66,8 @@ def test_hf_rollout_encodes_each_prompt_images_once(vlm_dir):  # noqa: F811
 def test_hf_rollout_on_a_transformers_without_encoder_outputs_passes_the_pixels(vlm_dir, monkeypatch):  # noqa: F811
     """Models of transformers before ``mm_encoder_outputs`` encode the pixels in their own prefill: each sample is
     given its prompt's pixels, and greedy decoding gives the ids and log-probs of the encoded-once path."""
-    processor = load_processor(vlm_dir)
-    model = load_causal_lm(vlm_dir).eval()
-    input_ids, mask, positions, mm, response = _rows(processor)
-    prompts = DataProto.from_dict({"input_ids": input_ids[:, :-response], "attention_mask": mask[:, :-response],
-                                   "position_ids": positions[:, :, :-response]},
-                                  non_tensors={"multi_modal_inputs": mm}, meta_info={"eos_token_id": [], "seed": 1})
-    config = OmegaConf.create({"name": "hf", "temperature": 0.0, "top_k": -1, "top_p": 1.0, "do_sample": False,
-                               "n": 2, "prompt_length": input_ids.shape[1] - response, "response_length": 4,
-                               "ignore_eos": True, "micro_batch_size": 3,
-                               "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False}})
+    processor, model, mm, prompts, config = _hf_rollout_inputs(vlm_dir, temperature=0.0, do_sample=False, n=2,
+                                                               micro_batch_size=3)
     encoded = HFRollout(config, model, processor.tokenizer).generate_sequences(prompts).batch
     takes = HFRollout._takes
     monkeypatch.setattr(HFRollout, "_takes", lambda self, name: name != "mm_encoder_outputs" and takes(self, name))
