@@ -149,19 +149,15 @@ def assert_extend_matches_a_full_forward(model, tiny_tokenizer):
             torch.testing.assert_close(logits[r], model(input_ids=full).logits[0, -1], atol=1e-5, rtol=1e-5)
 
 
-def test_fused_phi3_weights_are_shared_and_updates_are_seen(models, tiny_tokenizer):
-    model = models["phi3"]
-    rollout = NativeRollout(make_config(), model, tiny_tokenizer)
+def assert_an_in_place_update_is_seen(rollout, model, tiny_tokenizer, parameter: torch.nn.Parameter, factor: float):
+    """Multiply ``parameter`` in place (an "actor update"): the rollout's next greedy ids change, to transformers'
+    greedy ids of the updated model."""
     prompts = make_prompts(tiny_tokenizer, do_sample=False)
     before = rollout.generate_sequences(prompts).batch["responses"]
-    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    bound = rollout.weights.layers[0]
-    assert bound.qkv.data_ptr() == attn.qkv_proj.weight.data_ptr()
-    assert bound.gate_up.data_ptr() == mlp.gate_up_proj.weight.data_ptr()
-    original = attn.qkv_proj.weight.detach().clone()
+    original = parameter.detach().clone()
     try:
         with torch.no_grad():
-            attn.qkv_proj.weight.mul_(-2.0)  # an in-place "actor update" of the fused matrix
+            parameter.mul_(factor)
         after = rollout.generate_sequences(prompts).batch
         with torch.no_grad():
             expected = model.generate(input_ids=prompts.batch["input_ids"],
@@ -170,9 +166,34 @@ def test_fused_phi3_weights_are_shared_and_updates_are_seen(models, tiny_tokeniz
                                       pad_token_id=tiny_tokenizer.pad_token_id)
     finally:
         with torch.no_grad():
-            attn.qkv_proj.weight.copy_(original)
+            parameter.copy_(original)
     assert not torch.equal(before, after["responses"])
     assert torch.equal(after["responses"], expected[:, prompts.batch["input_ids"].shape[1]:])
+
+
+def test_fused_phi3_weights_are_shared_and_updates_are_seen(models, tiny_tokenizer):
+    model = models["phi3"]
+    rollout = NativeRollout(make_config(), model, tiny_tokenizer)
+    rollout.generate_sequences(make_prompts(tiny_tokenizer, do_sample=False))  # binds the weights
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    bound = rollout.weights.layers[0]
+    assert bound.qkv.data_ptr() == attn.qkv_proj.weight.data_ptr()
+    assert bound.gate_up.data_ptr() == mlp.gate_up_proj.weight.data_ptr()
+    assert_an_in_place_update_is_seen(rollout, model, tiny_tokenizer, attn.qkv_proj.weight, -2.0)
+
+
+def test_gemma_norm_scales_keep_their_buffers_and_follow_updates(models, tiny_tokenizer):
+    """Gemma's float32 ``1 + weight`` scales are computed at each binding into buffers that keep their addresses
+    (so CUDA graphs captured over them stay valid), and an update of a norm weight reaches the next generation."""
+    model = models["gemma2"]
+    rollout = NativeRollout(make_config(), model, tiny_tokenizer)
+    rollout.generate_sequences(make_prompts(tiny_tokenizer, do_sample=False))
+    layer = model.model.layers[1]
+    scale = rollout.weights.layers[1].mlp_norm
+    assert scale.dtype == torch.float32 and torch.equal(scale, layer.pre_feedforward_layernorm.weight.float() + 1.0)
+    addresses = rollout.weights.pointers()
+    assert_an_in_place_update_is_seen(rollout, model, tiny_tokenizer, layer.pre_feedforward_layernorm.weight, -3.0)
+    assert rollout.weights.pointers() == addresses
 
 
 @pytest.mark.parametrize("config,key", [

@@ -41,8 +41,8 @@ GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", Non
 
 
 def _norm(w: DecoderWeights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if w.gemma:  # (1 + weight) * x, all in float32, rounded once at the end
-        return F.rms_norm(x.float(), (x.shape[-1],), weight.float() + 1.0, w.eps).to(x.dtype)
+    if w.gemma:  # (1 + weight) * x, all in float32, rounded once at the end; ``weight`` is bind()'s 1 + weight
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, w.eps).to(x.dtype)
     return F.rms_norm(x, (x.shape[-1],), weight, w.eps)
 
 

@@ -161,6 +161,7 @@ class DecoderWeights:
         self.embed_scale: float | None = None  # set by bind: sqrt(hidden_size) rounded to the weights' dtype
         self._read_rope(self.decoder.rotary_emb, text, num_layers)
         self.module = module
+        self._norm_scales: dict[str, torch.Tensor] = {}  # Gemma's float32 1 + weight, by parameter name (bind)
         # The last few tables made (a generation call uses one set: its cache length). Captured CUDA graphs read
         # a table by address, so the engine keys its graphs on the tables too (see rope_pointers).
         self._rope_cache: dict[tuple, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -206,11 +207,16 @@ class DecoderWeights:
 
     def bind(self) -> None:
         """(Re)read the module's current parameter tensors (references only). Called at the start of
-        every generation: the weights are sharded outside the worker's ``gathered_params()`` block."""
+        every generation: the weights are sharded outside the worker's ``gathered_params()`` block.
+
+        Gemma's RMSNorm scales by ``1 + weight`` in float32: those scales are computed here, once per binding,
+        into buffers of this object that keep their addresses (refreshed in place, so captured CUDA graphs stay
+        valid), instead of two more kernels per normalisation in every forward; a Gemma norm field holds the
+        float32 scale, not the parameter."""
         module = self.module
         self.embed = _tensor(module.get_input_embeddings().weight, "the input embedding")
         self.lm_head = _tensor(module.get_output_embeddings().weight, "lm_head")
-        self.norm = _tensor(self.decoder.norm.weight, "model.norm")
+        self.norm = self._norm_scale(_tensor(self.decoder.norm.weight, "model.norm"), "model.norm")
         if self.gemma:  # transformers multiplies by the scale as a tensor of the weights' dtype
             self.embed_scale = torch.tensor(self.hidden_size**0.5).to(self.embed.dtype).item()
         self.layers = [self._layer(i, layer) for i, layer in enumerate(self.decoder.layers)]
@@ -220,6 +226,10 @@ class DecoderWeights:
 
         def w(part, name):
             return None if part is None else _tensor(part.weight, f"layers.{i}.{name}")
+
+        def norm(part, name):
+            return None if part is None else self._norm_scale(_tensor(part.weight, f"layers.{i}.{name}"),
+                                                              f"layers.{i}.{name}")
 
         def b(part, name):
             return None if part is None else _tensor(getattr(part, "bias", None), f"layers.{i}.{name}.bias")
@@ -236,18 +246,30 @@ class DecoderWeights:
         else:
             attn_out_norm, mlp_norm, mlp_out_norm = None, layer.post_attention_layernorm, None
         return LayerWeights(
-            input_norm=w(layer.input_layernorm, "input_layernorm"),
+            input_norm=norm(layer.input_layernorm, "input_layernorm"),
             q=w(parts["q_proj"], "q_proj"), q_bias=b(parts["q_proj"], "q_proj"),
             k=w(parts["k_proj"], "k_proj"), k_bias=b(parts["k_proj"], "k_proj"),
             v=w(parts["v_proj"], "v_proj"), v_bias=b(parts["v_proj"], "v_proj"),
             qkv=w(parts["qkv_proj"], "qkv_proj"), o=w(attn.o_proj, "o_proj"), o_bias=b(attn.o_proj, "o_proj"),
-            q_norm=w(parts["q_norm"], "q_norm"), k_norm=w(parts["k_norm"], "k_norm"),
-            attn_out_norm=w(attn_out_norm, "post_attention_layernorm"), mlp_norm=w(mlp_norm, "mlp norm"),
+            q_norm=norm(parts["q_norm"], "q_norm"), k_norm=norm(parts["k_norm"], "k_norm"),
+            attn_out_norm=norm(attn_out_norm, "post_attention_layernorm"), mlp_norm=norm(mlp_norm, "mlp norm"),
             gate=w(parts["gate_proj"], "gate_proj"), gate_bias=b(parts["gate_proj"], "gate_proj"),
             up=w(parts["up_proj"], "up_proj"), up_bias=b(parts["up_proj"], "up_proj"),
             gate_up=w(parts["gate_up_proj"], "gate_up_proj"), down=w(parts["down_proj"], "down_proj"),
-            down_bias=b(parts["down_proj"], "down_proj"), mlp_out_norm=w(mlp_out_norm, "post_feedforward_layernorm"),
+            down_bias=b(parts["down_proj"], "down_proj"),
+            mlp_out_norm=norm(mlp_out_norm, "post_feedforward_layernorm"),
             **moe)
+
+    def _norm_scale(self, weight: torch.Tensor, name: str) -> torch.Tensor:
+        """The normalisation's scale as the forward uses it: the weight itself, or Gemma's ``1 + weight`` in float32
+        in a buffer of its own that keeps its address from one binding to the next."""
+        if not self.gemma:
+            return weight
+        scale = self._norm_scales.get(name)
+        if scale is None or scale.shape != weight.shape or scale.device != weight.device:
+            scale = self._norm_scales[name] = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        with torch.no_grad():
+            return scale.copy_(weight).add_(1.0)
 
     def _experts(self, i: int, mlp: torch.nn.Module) -> dict:
         """A mixture-of-experts layer's router, experts and shared-expert gate ({} for a dense MLP)."""
