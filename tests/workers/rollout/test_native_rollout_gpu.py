@@ -117,6 +117,27 @@ def test_triton_kernels_match_torch(dtype):
         assert diff_q < 1e-5 and diff_k < 1e-5 and diff_s < 4e-5
 
 
+@torch.no_grad()
+def test_triton_gemma_norm_matches_torch():
+    """Gemma's RMSNorm kernel (float32 norm with the 1 + weight scale, rounded to bf16, then the residual add) gives
+    the torch ops' bf16 values, but where the float32 sums round differently: then one unit in the last place."""
+    import torch.nn.functional as F
+
+    from verl.workers.rollout.native import triton_ops
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = 2304
+    x = (torch.randn(256, h, device="cuda", generator=g) * 4).bfloat16()
+    res = (torch.randn(256, h, device="cuda", generator=g) * 4).bfloat16()
+    scale = 1.0 + 0.3 * torch.randn(h, device="cuda", generator=g)
+    norm = F.rms_norm(x.float(), (h,), scale, 1e-6).bfloat16()
+    for residual, want in ((None, norm), (res, res + norm)):
+        got = triton_ops.scaled_rms_norm(x, scale, 1e-6, residual)
+        same = (got == want).float().mean().item()
+        ulp = 2.0 ** -7 * (norm.float().abs() + (0 if residual is None else res.float().abs() + want.float().abs()))
+        assert same > 0.99 and ((got.float() - want.float()).abs() <= ulp).all(), same
+
+
 @pytest.mark.parametrize("shape", ["qwen25", "gemma2"])
 @torch.no_grad()
 def test_triton_decode_attention_matches_torch(shape):

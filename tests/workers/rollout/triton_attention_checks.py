@@ -6,7 +6,8 @@ interpreter (``TRITON_INTERPRET=1``, set before Triton is imported), against the
 Rows with different starts and write positions (one row sees a single column), kv heads shared by groups of
 query heads, a sliding window shorter and longer than a row, Gemma's soft-cap, and one to several splits of a
 row's columns (a split may see no column). Float32 only: the interpreter multiplies bf16 tiles as raw integers;
-the GPU tests run the bf16 kernel."""
+the GPU tests run the bf16 kernel. Also Gemma's RMSNorm kernel (``triton_ops.scaled_rms_norm``), float32 and bf16
+(elementwise: no tile product), against the torch path of ``model._norm``."""
 
 import os
 import sys
@@ -46,7 +47,33 @@ def check(dtype, groups, head_dim, window, softcap, splits, tol):
         assert (plain.float() - want.float()).abs().max().item() > 10 * tol
 
 
+def check_norm(dtype, h, residual):
+    """Gemma's RMSNorm kernel against the torch path of ``model._norm`` (float32 norm, rounded, then the add)."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(h)
+    x = (torch.randn(5, 3, h, generator=g) * 4).to(dtype)
+    scale = 1.0 + torch.randn(h, generator=g) * 0.3
+    res = (torch.randn(5, 3, h, generator=g) * 4).to(dtype) if residual else None
+    got = triton_ops.scaled_rms_norm(x, scale, 1e-6, res)
+    norm = F.rms_norm(x.float(), (h,), scale, 1e-6).to(dtype)
+    want = res + norm if residual else norm
+    assert got.shape == want.shape and got.dtype == dtype, (got.shape, got.dtype)
+    # float32: to rounding. bf16: the interpreter's casts to bf16 do not round to nearest as the GPU's do, so only
+    # within a unit in the last place of each rounding (of the norm, and of the sum): 2^-7 of the magnitudes.
+    terms = norm.float().abs() + (res.float().abs() + (res + norm).float().abs() if residual else 0)
+    tol = 1e-5 * terms + 1e-6 if dtype == torch.float32 else 2.0 ** -7 * terms
+    err = (got.float() - want.float()).abs()
+    assert (err <= tol).all(), (dtype, h, residual, err.max().item())
+    plain = F.rms_norm(x.float(), (h,), torch.ones(h), 1e-6).to(dtype)  # without the scale: far off
+    assert (plain.float() - norm.float()).abs().max() > 0.1
+
+
 def main():
+    for dtype, h, residual in ((torch.float32, 48, False), (torch.float32, 2304, True), (torch.bfloat16, 2304, True),
+                               (torch.bfloat16, 100, False)):
+        check_norm(dtype, h, residual)
+    print("norm: ok")
     cases = [
         # dtype, groups, head_dim, window, softcap, splits, tolerance
         (torch.float32, 2, 32, None, None, 1, 1e-5),

@@ -40,10 +40,16 @@ __all__ = ["DecoderWeights", "SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "
 GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def _norm(w: DecoderWeights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _norm(w: DecoderWeights, x: torch.Tensor, weight: torch.Tensor,
+          residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x``, plus ``residual`` when given (rounded after the norm, then after the add)."""
     if w.gemma:  # (1 + weight) * x, all in float32, rounded once at the end; ``weight`` is bind()'s 1 + weight
-        return F.rms_norm(x.float(), (x.shape[-1],), weight, w.eps).to(x.dtype)
-    return F.rms_norm(x, (x.shape[-1],), weight, w.eps)
+        if x.dtype != torch.float32 and triton_ops.enabled(x):  # one kernel instead of the casts, norm and add
+            return triton_ops.scaled_rms_norm(x, weight, w.eps, residual)
+        y = F.rms_norm(x.float(), (x.shape[-1],), weight, w.eps).to(x.dtype)
+    else:
+        y = F.rms_norm(x, (x.shape[-1],), weight, w.eps)
+    return y if residual is None else residual + y
 
 
 def _embed(w: DecoderWeights, tokens: torch.Tensor) -> torch.Tensor:
@@ -126,7 +132,7 @@ def _add_linear(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias: to
 def _attn_residual(w: DecoderWeights, x: torch.Tensor, out: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
     if lw.attn_out_norm is None:
         return _add_linear(x, out, lw.o, lw.o_bias)
-    return x + _norm(w, F.linear(out, lw.o, lw.o_bias), lw.attn_out_norm)
+    return _norm(w, F.linear(out, lw.o, lw.o_bias), lw.attn_out_norm, residual=x)
 
 
 def _gated(w: DecoderWeights, gate: torch.Tensor, up: torch.Tensor, fused: bool = False) -> torch.Tensor:
@@ -151,7 +157,7 @@ def _mlp_residual(w: DecoderWeights, x: torch.Tensor, lw: LayerWeights, fused: b
     act = _dense_act(w, lw, h, fused)
     if lw.mlp_out_norm is None:
         return _add_linear(x, act, lw.down, lw.down_bias)
-    return x + _norm(w, F.linear(act, lw.down, lw.down_bias), lw.mlp_out_norm)
+    return _norm(w, F.linear(act, lw.down, lw.down_bias), lw.mlp_out_norm, residual=x)
 
 
 def _grouped_mm_fits(weight: torch.Tensor) -> bool:

@@ -74,6 +74,22 @@ def silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def scaled_rms_norm_kernel(x_ptr, scale_ptr, r_ptr, o_ptr, h, eps, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):
+    """One row: ``x`` in float32, times ``rsqrt(mean(x^2) + eps)`` and the float32 ``scale``, rounded to the
+    output dtype; with ``RESIDUAL``, plus the residual row and rounded again (torch's two roundings)."""
+    row = tl.program_id(0).to(tl.int64) * h
+    cols = tl.arange(0, BLOCK)
+    m = cols < h
+    x = tl.load(x_ptr + row + cols, mask=m, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / h + eps)
+    y = x * rstd * tl.load(scale_ptr + cols, mask=m, other=0.0)
+    dtype = o_ptr.dtype.element_ty
+    if RESIDUAL:
+        y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + row + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row + cols, y.to(dtype), mask=m)
+
+
+@triton.jit
 def _tanh(x):
     """tanh in float32 through one exponential: exact to rounding, and -1/+1 (not NaN) where ``exp`` overflows."""
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)

@@ -1,5 +1,6 @@
 """Triton kernels for the decode step on CUDA: fused RoPE + key/value cache write, the attention over the slot
-cache (flash-decoding, with Gemma's soft-cap and sliding windows), fused SiLU-and-multiply, and sampling with
+cache (flash-decoding, with Gemma's soft-cap and sliding windows), fused SiLU-and-multiply, Gemma's float32
+RMSNorm with its residual add (bf16/fp16 activations), and sampling with
 top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
 
 Only used for CUDA tensors (:func:`enabled`); CPU keeps the plain torch code of ``model.py`` and
@@ -66,6 +67,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     block = 2048
     _kernels().silu_mul_kernel[(_cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
     return out
+
+
+def scaled_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float,
+                    residual: torch.Tensor | None = None) -> torch.Tensor:
+    """Gemma's normalisation in one kernel: ``rms_norm(x.float(), scale, eps)`` with the float32 ``scale`` (``1 +
+    weight``) rounded to ``x``'s dtype, then ``residual +`` it rounded again, as the torch ops round; the torch path
+    takes four or five kernels (the casts, the norm, the add). Rows of ``x (..., H)``."""
+    h = x.shape[-1]
+    rows = x.reshape(-1, h).contiguous()
+    out = torch.empty_like(rows)
+    res = rows if residual is None else residual.reshape(-1, h).contiguous()
+    assert scale.dtype == torch.float32 and scale.is_contiguous() and scale.numel() == h
+    _kernels().scaled_rms_norm_kernel[(rows.shape[0],)](rows, scale, res, out, h, float(eps), BLOCK=_next_pow2(h),
+                                                        RESIDUAL=residual is not None, num_warps=8 if h > 2048 else 4)
+    return out.view(x.shape)
 
 
 MAX_SPLITS = 32  # parts a row's columns are cut into at most (a small batch on a large GPU)
