@@ -118,9 +118,10 @@ def test_triton_kernels_match_torch(dtype):
 
 
 @torch.no_grad()
-def test_triton_gemma_norm_matches_torch():
-    """Gemma's RMSNorm kernel (float32 norm with the 1 + weight scale, rounded to bf16, then the residual add) gives
-    the torch ops' bf16 values, but where the float32 sums round differently: then one unit in the last place."""
+def test_triton_gemma_norm_and_gelu_match_torch():
+    """Gemma's RMSNorm kernel (float32 norm with the 1 + weight scale, rounded to bf16, then the residual add) and
+    its tanh-GELU-and-multiply give the torch ops' bf16 values, but where float32 results round differently: then
+    one unit in the last place."""
     import torch.nn.functional as F
 
     from verl.workers.rollout.native import triton_ops
@@ -136,6 +137,12 @@ def test_triton_gemma_norm_matches_torch():
         same = (got == want).float().mean().item()
         ulp = 2.0 ** -7 * (norm.float().abs() + (0 if residual is None else res.float().abs() + want.float().abs()))
         assert same > 0.99 and ((got.float() - want.float()).abs() <= ulp).all(), same
+    # The MLP's tanh-GELU-and-multiply, likewise.
+    gate, up = x, res
+    want = F.gelu(gate, approximate="tanh") * up
+    got = triton_ops.gelu_tanh_mul(gate, up)
+    ulp = 2.0 ** -7 * (gate.float().abs() * up.float().abs() + want.float().abs())
+    assert (got == want).float().mean() > 0.99 and ((got.float() - want.float()).abs() <= ulp).all()
 
 
 @pytest.mark.parametrize("shape", ["qwen25", "gemma2"])

@@ -6,8 +6,9 @@ interpreter (``TRITON_INTERPRET=1``, set before Triton is imported), against the
 Rows with different starts and write positions (one row sees a single column), kv heads shared by groups of
 query heads, a sliding window shorter and longer than a row, Gemma's soft-cap, and one to several splits of a
 row's columns (a split may see no column). Float32 only: the interpreter multiplies bf16 tiles as raw integers;
-the GPU tests run the bf16 kernel. Also Gemma's RMSNorm kernel (``triton_ops.scaled_rms_norm``), float32 and bf16
-(elementwise: no tile product), against the torch path of ``model._norm``."""
+the GPU tests run the bf16 kernel. Also Gemma's RMSNorm and tanh-GELU-and-multiply kernels
+(``triton_ops.scaled_rms_norm``, ``gelu_tanh_mul``), float32 and bf16 (elementwise: no tile product), against the
+torch ops they replace."""
 
 import os
 import sys
@@ -69,11 +70,33 @@ def check_norm(dtype, h, residual):
     assert (plain.float() - norm.float()).abs().max() > 0.1
 
 
+def check_gelu(dtype):
+    """Gemma's tanh-GELU-and-multiply kernel against ``F.gelu(gate, approximate="tanh") * up``."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(3)
+    gate, up = ((torch.randn(7, 333, generator=g) * 3).to(dtype) for _ in range(2))
+    got = triton_ops.gelu_tanh_mul(gate, up)
+    act = F.gelu(gate, approximate="tanh")
+    want = act * up
+    exact = F.gelu(gate, approximate="none") * up  # the erf GELU differs: the check would see the wrong formula
+    assert got.shape == want.shape and got.dtype == dtype
+    # float32: the kernel's tanh (one exponential) is a few units in the last place from torch's, which
+    # 0.5 x (1 + tanh) scales by |x|; bf16: a unit in the last place of each rounding.
+    terms = gate.float().abs() * up.float().abs() + want.float().abs()
+    tol = 1e-5 * terms + 1e-6 if dtype == torch.float32 else 2.0 ** -7 * terms
+    err = (got.float() - want.float()).abs()
+    assert (err <= tol).all(), (dtype, err.max().item())
+    assert (exact.float() - want.float()).abs().max() > 1e-4
+
+
 def main():
+    for dtype in (torch.float32, torch.bfloat16):
+        check_gelu(dtype)
     for dtype, h, residual in ((torch.float32, 48, False), (torch.float32, 2304, True), (torch.bfloat16, 2304, True),
                                (torch.bfloat16, 100, False)):
         check_norm(dtype, h, residual)
-    print("norm: ok")
+    print("norm, gelu: ok")
     cases = [
         # dtype, groups, head_dim, window, softcap, splits, tolerance
         (torch.float32, 2, 32, None, None, 1, 1e-5),

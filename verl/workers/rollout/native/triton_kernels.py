@@ -74,6 +74,20 @@ def silu_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def gelu_tanh_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    """``gelu(gate, approximate="tanh") * up`` with torch's roundings (the gelu rounded to the dtype, then the
+    product), the gelu in float32 as torch computes it: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    dtype = o_ptr.dtype.element_ty
+    inner = 0.7978845608028654 * (g + 0.044715 * (g * g * g))
+    s = (0.5 * g * (1.0 + _tanh(inner))).to(dtype).to(tl.float32)
+    tl.store(o_ptr + offs, (s * u).to(dtype), mask=m)
+
+
+@triton.jit
 def scaled_rms_norm_kernel(x_ptr, scale_ptr, r_ptr, o_ptr, h, eps, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):
     """One row: ``x`` in float32, times ``rsqrt(mean(x^2) + eps)`` and the float32 ``scale``, rounded to the
     output dtype; with ``RESIDUAL``, plus the residual row and rounded again (torch's two roundings)."""

@@ -1,6 +1,6 @@
 """Triton kernels for the decode step on CUDA: fused RoPE + key/value cache write, the attention over the slot
 cache (flash-decoding, with Gemma's soft-cap and sliding windows), fused SiLU-and-multiply, Gemma's float32
-RMSNorm with its residual add (bf16/fp16 activations), and sampling with
+RMSNorm with its residual add and its tanh-GELU-and-multiply (bf16/fp16 activations), and sampling with
 top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
 
 Only used for CUDA tensors (:func:`enabled`); CPU keeps the plain torch code of ``model.py`` and
@@ -61,11 +61,20 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` with torch's roundings (silu rounded to the dtype, then the product)."""
+    return _gated(_kernels().silu_mul_kernel, gate, up)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up`` (Gemma's MLP) with torch's roundings."""
+    return _gated(_kernels().gelu_tanh_mul_kernel, gate, up)
+
+
+def _gated(kernel, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate)
     n = gate.numel()
     block = 2048
-    _kernels().silu_mul_kernel[(_cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
+    kernel[(_cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
     return out
 
 
