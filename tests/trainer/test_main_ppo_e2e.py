@@ -703,8 +703,12 @@ def test_colocate_async_overlapping_generation_decodes_from_a_copy_refreshed_aft
         gsm8k_setup, varied_reward, tmp_path, monkeypatch):
     """overlap_generation: the colocated rollout decodes on a thread of its own, from its own copy of the weights,
     while the actor trains in the same process (the local backend); each update's weights are copied into it."""
+    import threading
+
     check_weights_reach_a_rollout_that_decodes_during_the_update(gsm8k_setup, tmp_path, "overlap",
                                                                  [*GRPO, *varied_reward, *OVERLAP], monkeypatch)
+    # The driver's process lives on after each run: its rollout thread (the model copy, the cache) ended with it.
+    assert not [t for t in threading.enumerate() if t.name == "verl-rollout-stream"]
 
 
 def test_the_one_step_off_policy_recipe_runs_from_its_own_entry_point(gsm8k_setup, varied_reward, tmp_path,

@@ -56,7 +56,11 @@ class LocalWorkerGroup(WorkerGroup):
         return handles  # the calls already ran
 
     def shutdown(self) -> None:
-        """Leave the process group (colocated local roles share it, so it ends for all of them)."""
+        """Stop the workers' own threads (this process lives on), then leave the process group (colocated local
+        roles share it, so it ends for all of them)."""
+        close = getattr(self._target, "close", None)  # a Worker's, or a WorkerDict's for each of its roles
+        if close is not None:
+            close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

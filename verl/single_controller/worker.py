@@ -134,6 +134,10 @@ class Worker:
         colocated roles share the process, so each role reports the same."""
         return startup.worker_snapshot()
 
+    def close(self) -> None:
+        """Stop what this worker runs beside its calls (threads of its own). Called when its group shuts down in a
+        process that lives on (the local backend: the driver's own); a Ray worker's process just ends."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 

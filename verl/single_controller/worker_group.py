@@ -86,6 +86,10 @@ class WorkerDict:
     def __init__(self, roles: dict[str, ClassWithInitArgs]):
         self.workers = {role: build() for role, build in roles.items()}
 
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
     def __repr__(self) -> str:  # Ray prefixes the actor's log lines with this
         return f"WorkerDict({'+'.join(self.workers)}, rank={os.environ.get('RANK')})"
 

@@ -266,6 +266,12 @@ class ActorRolloutRefWorker(_RoleWorker):
             with adapters_disabled(module):
                 yield
 
+    def close(self) -> None:
+        """Stop the rollout's generation thread, if it has one (it holds the rollout's weights and KV cache)."""
+        server = getattr(self.rollout, "server", None)
+        if server is not None:
+            server.close()
+
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def weight_sync_address(self) -> str:
         """Where the weight-sync group meets (``separate_async``): a free port on this rank's node, whose store this
