@@ -119,9 +119,9 @@ def test_triton_kernels_match_torch(dtype):
 
 @torch.no_grad()
 def test_triton_gemma_norm_and_gelu_match_torch():
-    """Gemma's RMSNorm kernel (float32 norm with the 1 + weight scale, rounded to bf16, then the residual add) and
-    its tanh-GELU-and-multiply give the torch ops' bf16 values, but where float32 results round differently: then
-    one unit in the last place."""
+    """Gemma's RMSNorm kernel (float32 norm with the 1 + weight scale, rounded to bf16, then the residual add), its
+    tanh-GELU-and-multiply and its logit soft-cap give the torch ops' bf16 values, but where float32 results round
+    differently: then one unit in the last place (of a rounding)."""
     import torch.nn.functional as F
 
     from verl.workers.rollout.native import triton_ops
@@ -143,6 +143,11 @@ def test_triton_gemma_norm_and_gelu_match_torch():
     got = triton_ops.gelu_tanh_mul(gate, up)
     ulp = 2.0 ** -7 * (gate.float().abs() * up.float().abs() + want.float().abs())
     assert (got == want).float().mean() > 0.99 and ((got.float() - want.float()).abs() <= ulp).all()
+    # The logit soft-cap, likewise (its three roundings: the quotient, the tanh, the product).
+    logits = (torch.randn(256, 4096, device="cuda", generator=g) * 40).bfloat16()
+    want = torch.tanh(logits / 30.0) * 30.0
+    got = triton_ops.softcap(logits, 30.0)
+    assert (got == want).float().mean() > 0.99 and ((got.float() - want.float()).abs() <= 0.25).all()
 
 
 @pytest.mark.parametrize("shape", ["qwen25", "gemma2"])

@@ -6,9 +6,9 @@ interpreter (``TRITON_INTERPRET=1``, set before Triton is imported), against the
 Rows with different starts and write positions (one row sees a single column), kv heads shared by groups of
 query heads, a sliding window shorter and longer than a row, Gemma's soft-cap, and one to several splits of a
 row's columns (a split may see no column). Float32 only: the interpreter multiplies bf16 tiles as raw integers;
-the GPU tests run the bf16 kernel. Also Gemma's RMSNorm and tanh-GELU-and-multiply kernels
-(``triton_ops.scaled_rms_norm``, ``gelu_tanh_mul``), float32 and bf16 (elementwise: no tile product), against the
-torch ops they replace."""
+the GPU tests run the bf16 kernel. Also Gemma's RMSNorm, tanh-GELU-and-multiply and logit soft-cap kernels
+(``triton_ops.scaled_rms_norm``, ``gelu_tanh_mul``, ``softcap``), float32 and bf16 (elementwise: no tile
+product), against the torch ops they replace."""
 
 import os
 import sys
@@ -90,13 +90,27 @@ def check_gelu(dtype):
     assert (exact.float() - want.float()).abs().max() > 1e-4
 
 
+def check_softcap(dtype):
+    """Gemma's logit soft-cap kernel against ``torch.tanh(x / cap) * cap``."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(5, 1000, generator=g) * 40).to(dtype)
+    got = triton_ops.softcap(x, 30.0)
+    want = torch.tanh(x / 30.0) * 30.0
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 1e-5 * 30.0 if dtype == torch.float32 else 2.0 ** -7 * 3 * 30.0 * want.float().abs().clamp(min=1.0) / 30.0
+    err = (got.float() - want.float()).abs()
+    assert (err <= tol).all(), (dtype, err.max().item())
+    assert want.float().abs().max() <= 30.0 and (x.float().abs() - want.float().abs()).max() > 1.0  # the cap bites
+
+
 def main():
     for dtype in (torch.float32, torch.bfloat16):
         check_gelu(dtype)
+        check_softcap(dtype)
     for dtype, h, residual in ((torch.float32, 48, False), (torch.float32, 2304, True), (torch.bfloat16, 2304, True),
                                (torch.bfloat16, 100, False)):
         check_norm(dtype, h, residual)
-    print("norm, gelu: ok")
+    print("norm, gelu, softcap: ok")
     cases = [
         # dtype, groups, head_dim, window, softcap, splits, tolerance
         (torch.float32, 2, 32, None, None, 1, 1e-5),

@@ -74,9 +74,11 @@ def embed_with_images(w: DecoderWeights, input_ids: torch.Tensor, features: torc
 
 def _logits(w: DecoderWeights, x: torch.Tensor) -> torch.Tensor:
     logits = F.linear(_norm(w, x, w.norm), w.lm_head)
-    if w.final_softcap is not None:
-        logits = torch.tanh(logits / w.final_softcap) * w.final_softcap
-    return logits
+    if w.final_softcap is None:
+        return logits
+    if logits.dtype != torch.float32 and triton_ops.enabled(logits):  # one pass over the logits instead of three
+        return triton_ops.softcap(logits, w.final_softcap)
+    return torch.tanh(logits / w.final_softcap) * w.final_softcap
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

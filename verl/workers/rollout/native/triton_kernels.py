@@ -88,6 +88,17 @@ def gelu_tanh_mul_kernel(g_ptr, u_ptr, o_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def softcap_kernel(x_ptr, o_ptr, n, cap, BLOCK: tl.constexpr):
+    """``tanh(x / cap) * cap`` with torch's three roundings to the dtype (the quotient, the tanh, the product)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    dtype = o_ptr.dtype.element_ty
+    x = (tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32) / cap).to(dtype).to(tl.float32)
+    t = _tanh(x).to(dtype).to(tl.float32)
+    tl.store(o_ptr + offs, (t * cap).to(dtype), mask=m)
+
+
+@triton.jit
 def scaled_rms_norm_kernel(x_ptr, scale_ptr, r_ptr, o_ptr, h, eps, BLOCK: tl.constexpr, RESIDUAL: tl.constexpr):
     """One row: ``x`` in float32, times ``rsqrt(mean(x^2) + eps)`` and the float32 ``scale``, rounded to the
     output dtype; with ``RESIDUAL``, plus the residual row and rounded again (torch's two roundings)."""

@@ -1,6 +1,7 @@
 """Triton kernels for the decode step on CUDA: fused RoPE + key/value cache write, the attention over the slot
 cache (flash-decoding, with Gemma's soft-cap and sliding windows), fused SiLU-and-multiply, Gemma's float32
-RMSNorm with its residual add and its tanh-GELU-and-multiply (bf16/fp16 activations), and sampling with
+RMSNorm with its residual add, its tanh-GELU-and-multiply and its logit soft-cap (bf16/fp16 activations), and
+sampling with
 top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
 
 Only used for CUDA tensors (:func:`enabled`); CPU keeps the plain torch code of ``model.py`` and
@@ -67,6 +68,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``gelu(gate, approximate="tanh") * up`` (Gemma's MLP) with torch's roundings."""
     return _gated(_kernels().gelu_tanh_mul_kernel, gate, up)
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma's logit soft-cap ``tanh(x / cap) * cap`` in one pass, with the torch ops' roundings."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    block = 2048
+    _kernels().softcap_kernel[(_cdiv(n, block),)](x, out, n, float(cap), BLOCK=block, num_warps=8)
+    return out
 
 
 def _gated(kernel, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
