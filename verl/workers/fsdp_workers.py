@@ -272,6 +272,13 @@ class ActorRolloutRefWorker(_RoleWorker):
         if server is not None:
             server.close()
 
+    def _rollout_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's tensors whole, one at a time (each a collective), floating ones in the dtype the rollout
+        computes in."""
+        dtype = mixed_precision_policy(self.config.actor.fsdp_config, self.device).param_dtype
+        for name, t, _ in self.actor_engine.full_tensors():
+            yield name, t.to(dtype) if t.is_floating_point() else t
+
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def weight_sync_address(self) -> str:
         """Where the weight-sync group meets (``separate_async``): a free port on this rank's node, whose store this
@@ -288,9 +295,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._require(self._is_actor, "actor", "send_weights")
         if self.rank == 0 and self.weight_sync is None:
             self.weight_sync = WeightSyncGroup(address, 0, world_size, self.device, timeout=self.nccl_timeout_s)
-        dtype = mixed_precision_policy(self.config.actor.fsdp_config, self.device).param_dtype
-        tensors = ((name, t.to(dtype) if t.is_floating_point() else t)
-                   for name, t, _ in self.actor_engine.full_tensors())
+        tensors = self._rollout_tensors()
         if self.weight_sync is None:
             drain(tensors)
             return {}
@@ -318,9 +323,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._require(self._is_actor and self.rollout_module is not None,
                       "actor and a rollout copy of its own (trainer.v1.colocate_async.overlap_generation)",
                       "update_rollout_weights")
-        dtype = mixed_precision_policy(self.config.actor.fsdp_config, self.device).param_dtype
-        tensors = [(name, t.to(dtype) if t.is_floating_point() else t)
-                   for name, t, _ in self.actor_engine.full_tensors()]
+        tensors = list(self._rollout_tensors())
         if self.device == "cuda":  # gathered on this thread's stream; the rollout's thread reads them on its own
             torch.cuda.current_stream().synchronize()
         self.rollout.serve().stage_weights(version, lambda: apply_weights(self.rollout_module, tensors))

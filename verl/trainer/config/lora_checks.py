@@ -36,7 +36,6 @@ def check_lora(run: Run) -> Iterator[Issue]:
             continue  # a missing model folder is reported by the path checks; a hub id is checked by the worker
         try:
             from verl.models.loader import load_hf_config
-
             from verl.models.vision import is_vision_language
 
             hf_config = load_hf_config(path, trust_remote_code=bool(model_config.get("trust_remote_code")),

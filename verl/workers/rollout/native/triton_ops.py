@@ -1,8 +1,7 @@
 """Triton kernels for the decode step on CUDA: fused RoPE + key/value cache write, the attention over the slot
 cache (flash-decoding, with Gemma's soft-cap and sliding windows), fused SiLU-and-multiply, Gemma's float32
 RMSNorm with its residual add, its tanh-GELU-and-multiply and its logit soft-cap (bf16/fp16 activations), and
-sampling with
-top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
+sampling with top-k/top-p filters found without a sort (the kernels are in ``triton_kernels.py``).
 
 Only used for CUDA tensors (:func:`enabled`); CPU keeps the plain torch code of ``model.py`` and
 ``sampling.py``. The RoPE and SiLU kernels round where the torch ops they replace round (to the
@@ -62,30 +61,26 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_table: 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` with torch's roundings (silu rounded to the dtype, then the product)."""
-    return _gated(_kernels().silu_mul_kernel, gate, up)
+    return _elementwise(_kernels().silu_mul_kernel, (gate, up))
 
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``gelu(gate, approximate="tanh") * up`` (Gemma's MLP) with torch's roundings."""
-    return _gated(_kernels().gelu_tanh_mul_kernel, gate, up)
+    return _elementwise(_kernels().gelu_tanh_mul_kernel, (gate, up))
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     """Gemma's logit soft-cap ``tanh(x / cap) * cap`` in one pass, with the torch ops' roundings."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    n = x.numel()
-    block = 2048
-    _kernels().softcap_kernel[(_cdiv(n, block),)](x, out, n, float(cap), BLOCK=block, num_warps=8)
-    return out
+    return _elementwise(_kernels().softcap_kernel, (x,), float(cap))
 
 
-def _gated(kernel, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
+def _elementwise(kernel, inputs: tuple[torch.Tensor, ...], *scalars) -> torch.Tensor:
+    """``kernel(*inputs, out, n, *scalars)`` over blocks of 2,048 elements; ``out`` is shaped like the first input."""
+    inputs = tuple(t.contiguous() for t in inputs)
+    out = torch.empty_like(inputs[0])
+    n = out.numel()
     block = 2048
-    kernel[(_cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=8)
+    kernel[(_cdiv(n, block),)](*inputs, out, n, *scalars, BLOCK=block, num_warps=8)
     return out
 
 
