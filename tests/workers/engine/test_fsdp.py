@@ -175,3 +175,19 @@ def test_compiled_layers_stay_eager_when_called_with_a_kv_cache(monkeypatch):
     forward = fsdp_module._compiled_unless_cached(lambda x, cache=None, past_key_values=None: x)
     assert forward(1) == ("compiled", 1) and forward(1, cache=None) == ("compiled", 1)
     assert forward(1, cache=object()) == 1 and forward(1, past_key_values=object()) == 1
+
+
+def test_compile_leaves_a_vision_towers_blocks_eager(monkeypatch, tiny_tokenizer_dir, tmp_path):
+    """use_torch_compile on Qwen2.5-VL compiles the language model's layers only: the vision blocks' windowed
+    attention breaks the graph on a ``.tolist()``, and each new set of image sizes would compile again."""
+    from tests.models.vlm_models import save_tiny_qwen2_5_vl
+    from verl.models.vision import vision_tower
+    from verl.workers.engine import fsdp as fsdp_module
+
+    model = load_causal_lm(save_tiny_qwen2_5_vl(str(tmp_path / "vlm"), tiny_tokenizer_dir), remove_padding=True)
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic: fn)
+    assert fsdp_module.compile_decoder_layers(model)
+    compiled = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
+    assert compiled == {"Qwen2_5_VLDecoderLayer"}
+    assert not any("forward" in vars(m) for m in vision_tower(model).modules())
+    assert sum("forward" in vars(m) for m in model.modules()) == model.config.text_config.num_hidden_layers

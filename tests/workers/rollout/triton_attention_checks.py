@@ -81,13 +81,24 @@ def check_gelu(dtype):
     want = act * up
     exact = F.gelu(gate, approximate="none") * up  # the erf GELU differs: the check would see the wrong formula
     assert got.shape == want.shape and got.dtype == dtype
-    # float32: the kernel's tanh (one exponential) is a few units in the last place from torch's, which
-    # 0.5 x (1 + tanh) scales by |x|; bf16: a unit in the last place of each rounding.
+    # float32: the kernel's tanh is a few units in the last place from torch's, which 0.5 x (1 + tanh) scales
+    # by |x|; bf16: a unit in the last place of each rounding.
     terms = gate.float().abs() * up.float().abs() + want.float().abs()
     tol = 1e-5 * terms + 1e-6 if dtype == torch.float32 else 2.0 ** -7 * terms
     err = (got.float() - want.float()).abs()
     assert (err <= tol).all(), (dtype, err.max().item())
     assert (exact.float() - want.float()).abs().max() > 1e-4
+
+
+def check_tanh():
+    """The kernels' float32 tanh (through ``softcap`` with a cap of 1) within 4 units in the last place of the
+    true value, relative, from 1e-6 to saturation and for both signs: no cancellation near 0 or near +-1."""
+    mag = torch.logspace(-6, 1.3, 4001, dtype=torch.float64)
+    x = torch.cat([mag, -mag, torch.zeros(1, dtype=torch.float64)]).float()
+    got = triton_ops.softcap(x, 1.0).double()
+    want = torch.tanh(x.double())
+    rel = ((got - want).abs() / want.abs().clamp(min=1e-30))
+    assert (rel <= 4 * 2.0 ** -24).all() and got[-1] == 0, rel.max().item()
 
 
 def check_softcap(dtype):
@@ -104,6 +115,7 @@ def check_softcap(dtype):
 
 
 def main():
+    check_tanh()
     for dtype in (torch.float32, torch.bfloat16):
         check_gelu(dtype)
         check_softcap(dtype)
