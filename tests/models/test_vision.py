@@ -7,7 +7,7 @@ from PIL import Image
 from tests.models.vlm_models import save_tiny_qwen2_5_vl
 from verl.models import forward_logprobs, load_causal_lm
 from verl.models.packed import pack
-from verl.models.vision import load_processor, multi_modal_batch, rope_index, vision_tower
+from verl.models.vision import load_processor, multi_modal_batch, pixels_in_row_order, rope_index, vision_tower
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,10 @@ def _batch(processor, response_length=5):
     """Three left-padded rows (two images / one image / none) with responses, as the trainer lays them out."""
     rows = [_prompt(processor, "Find x.", [(56, 56), (84, 56)]), _prompt(processor, "What is the angle?", [(56, 84)]),
             _prompt(processor, "No picture here.", [])]
+    return _layout(processor, rows, response_length)
+
+
+def _layout(processor, rows, response_length):
     width = max(len(ids) for ids, _ in rows)
     generator = torch.Generator().manual_seed(0)
     input_ids, masks, positions = [], [], []
@@ -112,7 +116,7 @@ def test_a_vision_language_value_model_reads_the_images(vlm_dir, tmp_path):
     with torch.no_grad():
         values = forward_values(model, input_ids, mask, positions, response_length, multi_modal_inputs=multi_modal)
         hidden = model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions.transpose(0, 1),
-                             **multi_modal).last_hidden_state
+                             **pixels_in_row_order(multi_modal)).last_hidden_state
         by_hand = (hidden[:, -response_length - 1:-1] @ model.score.weight[0]).float()
         packed = forward_values(load_value_model(vlm_dir, remove_padding=True).eval(), input_ids, mask, positions,
                                 response_length, remove_padding=True, multi_modal_inputs=multi_modal)
@@ -126,3 +130,43 @@ def test_a_vision_language_value_model_reads_the_images(vlm_dir, tmp_path):
         model.score.weight.mul_(3.0)
     model.save_pretrained(tmp_path / "critic")
     assert torch.equal(load_value_model(str(tmp_path / "critic")).score.weight, model.score.weight)
+
+
+def test_rows_with_the_same_images_are_encoded_once(vlm_dir):
+    """A prompt's samples share its images: the vision tower encodes each distinct row's images once (the same
+    tensors, or equal ones after a copy), and the log-probs and the vision tower's gradients equal those of
+    encoding every row's copy."""
+    import copy
+
+    processor = load_processor(vlm_dir)
+    a = _prompt(processor, "Find x.", [(56, 56), (84, 56)])
+    b = _prompt(processor, "What is the angle?", [(56, 84)])
+    a_other = _prompt(processor, "Find y.", [(56, 56), (84, 56)])  # the same sizes
+    a_other[1]["pixel_values"] = a_other[1]["pixel_values"] + 0.5  # other pixels
+    rows = [a, a, b, copy.deepcopy(a), a_other, _prompt(processor, "No picture here.", []), b]
+    input_ids, mask, positions, multi_modal, response_length = _layout(processor, rows, 4)
+    mm_rows = [inputs for _, inputs in rows]
+    # Worked by hand: distinct rows a (images 0, 1), b (2), a_other (3, 4), in the order they first come.
+    assert multi_modal["image_index"].tolist() == [0, 1, 0, 1, 2, 0, 1, 3, 4, 2]
+    assert torch.equal(multi_modal["pixel_values"], torch.cat([a[1]["pixel_values"], b[1]["pixel_values"],
+                                                               a_other[1]["pixel_values"]]))
+    every_copy = {key: torch.cat([r[key] for r in mm_rows if r]) for key in ("pixel_values", "image_grid_thw")}
+    assert all(torch.equal(every_copy[k], v) for k, v in pixels_in_row_order(multi_modal).items())
+
+    model = load_causal_lm(vlm_dir, remove_padding=True)
+    patches = []
+    vision_tower(model).register_forward_pre_hook(lambda module, args: patches.append(args[0].shape[0]))
+    results = []
+    for inputs in (multi_modal, every_copy):
+        model.zero_grad()
+        log_probs, _ = forward_logprobs(model, input_ids, mask, positions, response_length, remove_padding=True,
+                                        multi_modal_inputs=inputs)
+        log_probs.sum().backward()
+        results.append((log_probs.detach(), [p.grad.clone() for p in vision_tower(model).parameters()]))
+    # Patches (14 px, 2 frames a patch): a 16 + 24, b 24, a_other 40; every copy: 3 a, 2 b, a_other.
+    assert patches == [40 + 24 + 40, 3 * 40 + 2 * 24 + 40]
+    (once, grads_once), (each, grads_each) = results
+    torch.testing.assert_close(once, each, rtol=0, atol=1e-5)
+    for got, want in zip(grads_once, grads_each):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads_once)

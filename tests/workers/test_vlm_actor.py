@@ -85,7 +85,7 @@ def test_hf_rollout_never_samples_the_image_placeholders(vlm_dir):  # noqa: F811
     """A policy that favours the image/video placeholders (a hook adds 30 to their logits, so they are its argmax)
     still never writes one: the actor's forward over the responses would fail on an image token without an image.
     The recorded log-probs stay the model's own (placeholders included in the normalisation)."""
-    from verl.models.vision import multi_modal_batch, placeholder_token_ids
+    from verl.models.vision import multi_modal_batch, pixels_in_row_order, placeholder_token_ids
 
     processor = load_processor(vlm_dir)
     model = load_causal_lm(vlm_dir).eval()
@@ -101,7 +101,7 @@ def test_hf_rollout_never_samples_the_image_placeholders(vlm_dir):  # noqa: F811
     with torch.no_grad():  # the hook makes a placeholder the model's own first choice
         logits = model(input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"],
                        position_ids=prompts.batch["position_ids"].transpose(0, 1),
-                       **multi_modal_batch(mm)).logits[:, -1]
+                       **pixels_in_row_order(multi_modal_batch(mm))).logits[:, -1]
     assert set(logits.argmax(-1).tolist()) <= set(placeholders)
     config = OmegaConf.create({"name": "hf", "temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": True, "n": 2,
                                "prompt_length": input_ids.shape[1] - response, "response_length": 4,
@@ -115,7 +115,8 @@ def test_hf_rollout_never_samples_the_image_placeholders(vlm_dir):  # noqa: F811
     with torch.no_grad():  # through the lm_head module (and its hook), as generate's logits are
         logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
                        position_ids=out.batch["position_ids"].transpose(0, 1),
-                       **multi_modal_batch(out.non_tensor_batch["multi_modal_inputs"])).logits[:, -5:-1]
+                       **pixels_in_row_order(multi_modal_batch(out.non_tensor_batch["multi_modal_inputs"])),
+                       ).logits[:, -5:-1]
     recomputed = torch.log_softmax(logits, -1).gather(-1, out.batch["responses"][..., None]).squeeze(-1)
     torch.testing.assert_close(out.batch["rollout_log_probs"], recomputed, rtol=0, atol=1e-4)
     assert (recomputed < -20).all()  # each chosen token lost to the favoured placeholders

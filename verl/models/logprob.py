@@ -120,6 +120,17 @@ def call_as_forward(module: torch.nn.Module, fn, *args, **kwargs):
             module.forward = previous
 
 
+def encoded_images(model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The vision encoder's features (one ``(tokens, hidden)`` tensor per image) of a batch's images in row order,
+    from ``inputs`` as :func:`verl.models.vision.multi_modal_batch` joins them: each distinct image is encoded once,
+    and ``image_index`` (when given) repeats its features for every row that shows it."""
+    backbone = getattr(model, model.base_model_prefix)
+    features = backbone.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"],
+                                           return_dict=True).pooler_output
+    index = inputs.get("image_index")
+    return tuple(features) if index is None else tuple(features[i] for i in index.tolist())
+
+
 def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, multi_modal: dict | None = None,
                   **kwargs):
     """The backbone's (``model.model``'s) output and, packed, the `Packed` batch it ran on (else None).
@@ -130,8 +141,9 @@ def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, 
     if multi_modal:
         # The vision encoder runs on its own, once per micro-batch: in a packed forward the language model's
         # sequence boundaries (cu_seq_lens_*) would otherwise reach the vision tower's attention as well.
-        image = backbone.get_image_features(multi_modal["pixel_values"], multi_modal["image_grid_thw"],
-                                            return_dict=True)
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        image = BaseModelOutputWithPooling(pooler_output=encoded_images(model, multi_modal))
         kwargs["mm_encoder_outputs"] = {"image": image}
     if not packed:
         if position_ids.dim() == 3:  # M-RoPE: the batch holds (B, 3, T), the model takes (3, B, T)

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from verl.models.logprob import call_as_forward
+from verl.models.logprob import call_as_forward, encoded_images
 
 __all__ = ["VisionProcessor", "copy_processor_files", "encode_images", "is_vision_language", "load_processor",
-           "multi_modal_batch", "rope_index", "vision_tower"]
+           "multi_modal_batch", "pixels_in_row_order", "rope_index", "vision_tower"]
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -167,12 +167,53 @@ def rope_index(config, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def multi_modal_batch(rows: Sequence[dict], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """The ``multi_modal_inputs`` of a micro-batch's rows (``{}`` for a row without images) joined in row order,
-    the order their image tokens come in the batch; ``{}`` when no row has images."""
-    present = [r for r in rows if r]
-    if not present:
+    """The ``multi_modal_inputs`` of a micro-batch's rows (``{}`` for a row without images), each distinct row's
+    images once; ``{}`` when no row has images.
+
+    A prompt's ``n`` samples carry the same images (the same tensors after the batch's repeat, or equal ones after a
+    transfer), and the vision tower would encode them ``n`` times: ``pixel_values`` and ``image_grid_thw`` hold
+    the images of the rows whose images differ from every earlier row's, and ``image_index`` (images,) gives, for
+    each image of the rows in row order (the order their image tokens come in the batch), its place among those.
+    :func:`verl.models.logprob.encoded_images` lays the encoder's outputs back out in row order; gradients of a
+    shared image add up, as they would for separate copies."""
+    distinct: list[dict] = []
+    firsts: list[int] = []  # each distinct row's first image among the distinct images
+    index: list[int] = []
+    same: dict[int, int] = {}  # id(pixel_values) -> distinct row
+    for row in rows:
+        if not row:
+            continue
+        at = same.get(id(row["pixel_values"]))
+        if at is None or distinct[at]["pixel_values"] is not row["pixel_values"]:
+            at = next((i for i, seen in enumerate(distinct) if _same_images(seen, row)), None)
+        if at is None:
+            at = len(distinct)
+            firsts.append(firsts[-1] + len(distinct[-1]["image_grid_thw"]) if distinct else 0)
+            distinct.append(row)
+        same[id(row["pixel_values"])] = at
+        index.extend(range(firsts[at], firsts[at] + len(row["image_grid_thw"])))
+    if not distinct:
         return {}
-    return {key: torch.cat([r[key] for r in present]).to(device) for key in ("pixel_values", "image_grid_thw")}
+    joined = {key: torch.cat([r[key] for r in distinct]).to(device) for key in ("pixel_values", "image_grid_thw")}
+    return {**joined, "image_index": torch.tensor(index, dtype=torch.long)}
+
+
+def _same_images(a: dict, b: dict) -> bool:
+    """Equal grids and pixels (the first patch first: different pictures nearly always differ there)."""
+    pa, pb = a["pixel_values"], b["pixel_values"]
+    return (pa.shape == pb.shape and torch.equal(a["image_grid_thw"], b["image_grid_thw"])
+            and torch.equal(pa[:1], pb[:1]) and torch.equal(pa, pb))
+
+
+def pixels_in_row_order(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`multi_modal_batch`'s images repeated back out in row order (for a model that encodes its own
+    pixels: transformers' ``generate`` before ``mm_encoder_outputs``)."""
+    if not inputs:
+        return {}
+    grid, index = inputs["image_grid_thw"], inputs["image_index"]
+    patches = inputs["pixel_values"].split(grid.prod(-1).tolist())
+    return {"pixel_values": torch.cat([patches[i] for i in index.tolist()]),
+            "image_grid_thw": grid[index.to(grid.device)]}
 
 
 @torch.no_grad()
@@ -185,10 +226,8 @@ def encode_images(module: torch.nn.Module, rows: Sequence[dict] | None,
     inputs = multi_modal_batch(rows, device) if rows is not None else {}
     if not inputs:
         return None
-    backbone = getattr(module, module.base_model_prefix)
-
-    def encode(pixel_values, image_grid_thw):
-        return backbone.get_image_features(pixel_values, image_grid_thw, return_dict=True).pooler_output
+    def encode(pixel_values, image_grid_thw):  # as arguments, which FSDP's forward hooks see
+        return encoded_images(module, {**inputs, "pixel_values": pixel_values, "image_grid_thw": image_grid_thw})
 
     features = call_as_forward(module, encode, inputs["pixel_values"], inputs["image_grid_thw"])
     per_row, at = [], 0

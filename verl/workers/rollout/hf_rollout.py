@@ -22,7 +22,7 @@ import torch
 from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, SuppressTokensLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from verl.models.vision import encode_images, multi_modal_batch, placeholder_token_ids
+from verl.models.vision import encode_images, multi_modal_batch, pixels_in_row_order, placeholder_token_ids
 from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, build_rollout_output, check_left_padded
 from verl.workers.rollout.registry import IGNORED_CONFIG_KEYS, register_rollout
@@ -142,7 +142,7 @@ class HFRollout(BaseRollout):
         if self._takes("mm_token_type_ids"):
             token_types["mm_token_type_ids"] = (input_ids == self.module.config.image_token_id).int()
         if not self._takes("mm_encoder_outputs"):
-            pixels = multi_modal_batch(rows, input_ids.device)
+            pixels = pixels_in_row_order(multi_modal_batch(rows, input_ids.device))
             return {**pixels, **token_types} if pixels else {}
         features = [f for row_features, _ in rows for f in row_features]
         if not features:
