@@ -170,3 +170,65 @@ def test_rows_with_the_same_images_are_encoded_once(vlm_dir):
     for got, want in zip(grads_once, grads_each):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     assert any(g.abs().sum() > 0 for g in grads_once)
+
+
+def _vision_calls(monkeypatch):
+    """Spy on the vision implementation's attention calls: (query length, given cu_seqlens, is_causal)."""
+    from transformers import AttentionInterface
+
+    from verl.models import packed
+
+    calls = []
+
+    def spy(module, query, *args, **kwargs):
+        calls.append((query.shape[2], "cu_seq_lens_q" in kwargs, kwargs.get("is_causal")))
+        return packed.packed_attention(module, query, *args, **kwargs)
+
+    packed.register()
+    monkeypatch.setitem(AttentionInterface._global_mapping, packed.VISION_ATTN_IMPLEMENTATION, spy)
+    return calls
+
+
+def _vision_inputs():
+    g = torch.Generator().manual_seed(0)
+    grid = torch.tensor([[1, 4, 4], [1, 8, 8], [1, 4, 8]])  # 16 + 64 + 32 patches; 4-patch windows of 56 px
+    return torch.randn(112, 3 * 2 * 14 * 14, generator=g), grid
+
+
+def test_packed_vision_tower_attends_each_block_in_one_varlen_call(vlm_dir, monkeypatch):
+    """Loaded for packed forwards, the vision tower's attention takes each block's windows (or whole images) in one
+    call on cu_seqlens, bidirectional, instead of one SDPA call per window; its features equal SDPA's."""
+    from verl.models.packed import VISION_ATTN_IMPLEMENTATION
+
+    calls = _vision_calls(monkeypatch)
+    model = load_causal_lm(vlm_dir, remove_padding=True).eval()
+    reference = load_causal_lm(vlm_dir).eval()
+    tower = vision_tower(model)
+    assert tower.config._attn_implementation == VISION_ATTN_IMPLEMENTATION
+    assert model.config.get_text_config()._attn_implementation != VISION_ATTN_IMPLEMENTATION
+    pixels, grid = _vision_inputs()
+    with torch.no_grad():
+        got = tower(pixels, grid_thw=grid).pooler_output
+        want = vision_tower(reference)(pixels, grid_thw=grid).pooler_output
+    assert calls == [(112, True, False)] * len(tower.blocks)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_packed_vision_tower_varlen_on_cuda_matches_sdpa(vlm_dir, monkeypatch):
+    """On CUDA in bf16 the one call per block is PyTorch's varlen flash attention, bidirectional: its features
+    and gradients match the per-window SDPA loop's within bf16 rounding."""
+    calls = _vision_calls(monkeypatch)
+    results = []
+    for packed_forward in (True, False):
+        model = load_causal_lm(vlm_dir, remove_padding=packed_forward, dtype=torch.bfloat16).cuda()
+        tower = vision_tower(model)
+        pixels, grid = (t.cuda() for t in _vision_inputs())
+        out = tower(pixels.bfloat16(), grid_thw=grid).pooler_output
+        out.float().square().sum().backward()
+        results.append((out.float(), tower.blocks[0].attn.qkv.weight.grad.float()))
+    assert len(calls) == len(tower.blocks) and all(cu and causal is False for _, cu, causal in calls)
+    (got, got_grad), (want, want_grad) = results
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
+    torch.testing.assert_close(got_grad, want_grad, rtol=0.05, atol=0.05 * want_grad.abs().max().item())

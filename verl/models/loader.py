@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from verl.models.moe import take_aux_loss_request
-from verl.models.vision import is_vision_language
+from verl.models.vision import is_vision_language, vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +152,14 @@ def load_pretrained(auto_class: str, path: str, *, dtype: torch.dtype | str, tru
     if one_label:  # values and scores must be deterministic
         config.num_labels = 1
         config.classifier_dropout = 0.0
-    return getattr(transformers, auto_class).from_pretrained(
+    model = getattr(transformers, auto_class).from_pretrained(
         os.path.expanduser(path), config=config, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
         attn_implementation=attention_implementation(remove_padding, config), **kwargs)
+    if remove_padding and is_vision_language(config):
+        from verl.models.packed import use_varlen_in_vision_tower
+
+        use_varlen_in_vision_tower(vision_tower(model))
+    return model
 
 
 _MAPPING_NAMES = {"AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",

@@ -31,8 +31,12 @@ import torch
 import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "verl_packed_sdpa"
+# The same function, for vision encoders: transformers hands ``cu_seqlens`` to an implementation whose name says
+# "flash" (``is_flash_attention_requested``) and loops over windows for any other.
+VISION_ATTN_IMPLEMENTATION = "verl_packed_flash_varlen"
 
-__all__ = ["ATTN_IMPLEMENTATION", "Packed", "pack", "packed_attention", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "VISION_ATTN_IMPLEMENTATION", "Packed", "pack", "packed_attention", "register",
+           "use_varlen_in_vision_tower"]
 
 
 @dataclass
@@ -95,34 +99,39 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
 
 @functools.cache
 def _varlen():
-    """PyTorch's varlen flash attention and how to ask it for causal masking (the keyword changed
-    between releases), or None where this torch has none."""
+    """PyTorch's varlen flash attention, how to ask it for causal and for full (bidirectional) masking (the
+    keyword changed between releases), and whether it takes ``enable_gqa``; None where this torch has none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     params = inspect.signature(varlen_attn).parameters
-    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    return varlen_attn, causal, "enable_gqa" in params
+    if "window_size" in params:
+        masks = {True: {"window_size": (-1, 0)}, False: {"window_size": (-1, -1)}}
+    else:
+        masks = {True: {"is_causal": True}, False: {"is_causal": False}}
+    return varlen_attn, masks, "enable_gqa" in params
 
 
-def _per_sequence(query, key, value, cu_seqlens, scaling, dropout):
-    """(N, Hq, D) causal attention within each sequence, one SDPA call per sequence."""
+def _per_sequence(query, key, value, cu_seqlens, scaling, dropout, causal):
+    """(N, Hq, D) attention within each sequence (causal or full), one SDPA call per sequence."""
     bounds = cu_seqlens.tolist()
     out = torch.empty_like(query)
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end > start:
             q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
             out[start:end] = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scaling, dropout_p=dropout,
+                q, k, v, is_causal=causal, scale=scaling, dropout_p=dropout,
                 enable_gqa=q.shape[0] != k.shape[0]).transpose(0, 1)
     return out
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
                      **kwargs):
-    """The attention function of :data:`ATTN_IMPLEMENTATION` (Hugging Face's attention-interface signature:
-    ``query`` (B, Hq, S, D), ``key``/``value`` (B, Hkv, S, D); returns ((B, S, Hq, D), None))."""
+    """The attention function of :data:`ATTN_IMPLEMENTATION` and :data:`VISION_ATTN_IMPLEMENTATION` (Hugging Face's
+    attention-interface signature: ``query`` (B, Hq, S, D), ``key``/``value`` (B, Hkv, S, D); returns
+    ((B, S, Hq, D), None)). Causal unless the caller passes ``is_causal=False`` or the module's ``is_causal`` is
+    False (a vision encoder's attention)."""
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -134,21 +143,25 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
                                   "set use_remove_padding=false for this model")
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one packed row, got a batch of {query.shape[0]}")
+    causal = kwargs.get("is_causal")
+    if causal is None:
+        causal = getattr(module, "is_causal", True)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (N, H, D)
     varlen = _varlen()
     if varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and dropout == 0.0:
-        varlen_attn, causal, gqa = varlen
+        varlen_attn, masks, gqa = varlen
+        options = masks[bool(causal)]
         if q.shape[1] != k.shape[1]:
             if gqa:
-                causal = {**causal, "enable_gqa": True}
+                options = {**options, "enable_gqa": True}
             else:
                 groups = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         max_len = int(kwargs["max_length_q"])
         out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, cu_seqlens, max_len, max_len,
-                          scale=scaling, **causal)
+                          scale=scaling, **options)
     else:
-        out = _per_sequence(q, k, v, cu_seqlens, scaling, dropout)
+        out = _per_sequence(q, k, v, cu_seqlens, scaling, dropout, bool(causal))
     return out.unsqueeze(0), None
 
 
@@ -163,10 +176,27 @@ def _packed_mask(*args, attention_mask=None, **kwargs):
 
 @functools.cache
 def register() -> str:
-    """Register :data:`ATTN_IMPLEMENTATION` with transformers (once per process); returns its name."""
+    """Register :data:`ATTN_IMPLEMENTATION` and :data:`VISION_ATTN_IMPLEMENTATION` with transformers (once per
+    process); returns the former's name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _packed_mask)
+    for name in (ATTN_IMPLEMENTATION, VISION_ATTN_IMPLEMENTATION):
+        AttentionInterface.register(name, packed_attention)
+        AttentionMaskInterface.register(name, _packed_mask)
     return ATTN_IMPLEMENTATION
+
+
+def use_varlen_in_vision_tower(tower: torch.nn.Module) -> bool:
+    """Give a vision encoder (Qwen2-VL / Qwen2.5-VL's) :data:`VISION_ATTN_IMPLEMENTATION`, so that each block's
+    attention over its windows (or whole images) is one varlen call on ``cu_seqlens`` instead of a loop of one
+    SDPA call per window: about 300 windows of 64 patches per 20 images of 448 x 448 pixels, times 28 windowed
+    blocks, each call a launch and a Python round trip, forward, recomputed and backward. transformers passes
+    ``cu_seqlens`` to implementations named like flash attention; where a version does not, its per-window loop
+    still calls :func:`packed_attention` without them, which is then plain SDPA. Returns whether it was set."""
+    config = getattr(tower, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return False
+    register()
+    config._attn_implementation = VISION_ATTN_IMPLEMENTATION
+    return True
