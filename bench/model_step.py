@@ -37,7 +37,10 @@ under CUDA graphs) and with ``rollout.name=hf`` (transformers' ``generate``, the
 their generation times. Where time goes: the stages, and the vision tower's share of the model FLOPs of
 a training pass (its 6·N·patches + attention over its windows, against the language model's count from
 ``verl.utils.flops_counter``, whose qwen2_5_vl formula counts the language model only -- so
-``perf/mfu/actor`` leaves the vision tower out, and the table also prints it scaled to include the tower).
+``perf/mfu/actor`` leaves the vision tower out, and the table also prints it scaled to include the tower). The
+tower's count takes each prompt's images once, not once per sample: a micro-batch encodes its distinct images
+once (``verl.models.vision.multi_modal_batch``), so the n samples of a group need one encoding between them
+(a group split across micro-batches is encoded once in each, work this count leaves out).
 
 The random vision-language model never writes its image/video placeholders into a response: both engines
 suppress them (``verl.models.vision.placeholder_token_ids``), since the actor's forward refuses an image slot
@@ -432,7 +435,7 @@ def measure(shape: str, out: str, prepared: dict, steps: int, quick: bool, devic
         from verl.utils.flops_counter import FLOPS_ESTIMATORS
 
         seqlens = [n + work["response"] for n in lengths for _ in range(work["samples"])]
-        patches = [p for p in prepared["image_patches"] for _ in range(work["samples"])]
+        patches = prepared["image_patches"]  # each prompt's images once: its samples share one encoding
         vision = prepared["config"].vision_config.to_dict()
         text_flops = FLOPS_ESTIMATORS["qwen2_5_vl"](prepared["config"], seqlens)
         result["vision_flops_share"] = vit_flops(vision, patches) / (vit_flops(vision, patches) + text_flops)
