@@ -30,6 +30,8 @@ def test_actor_components_by_hand():
     # 64 tokens x (4 layer inputs x 2h bytes + 3 MLP intermediates x 2 bytes) = 64 x (64 + 96)
     assert actor["activations (64 tokens, ckpt)"] == 10240
     assert actor["log-prob chunk logits + grad"] == 64 * 50 * 2 * 2
+    # One layer's gradients in bf16 (2 bytes), their fp32 reduce-scatter input (4) and its shard on 2 GPUs (4 / 2).
+    assert actor["gradient reduction (one layer)"] == 100 * 2 + 100 * 4 + 100 * 4 // 2
     # Without checkpointing each layer keeps 2 x (13h + 4kv + 4I) = 2 x (104 + 16 + 64) bytes per token.
     plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=false"), None,
                        shapes={"actor": SHAPE})
@@ -130,6 +132,23 @@ def test_shape_of_a_real_architecture_on_the_meta_device(tmp_path, params):
     shape = plan_module.model_shape(str(tmp_path), config_key="actor_rollout_ref.model.path")
     assert shape.params == params  # Qwen2.5-0.5B's published count
     assert (shape.layers, shape.kv_dim, shape.root_params) == (24, 128, 151936 * 896 + 896)
+
+
+@pytest.mark.parametrize("family,intermediate", [("qwen3_moe", 2 * 16), ("qwen2_moe", 2 * 16 + 24)])
+def test_mixture_of_experts_counts_the_chosen_experts_and_their_dispatch(tmp_path, family, intermediate):
+    """A mixture of experts' MLP width is its top-k experts' (2 x 16) plus a shared expert's (Qwen2-MoE: 24), and
+    each token's copies sent to its k experts and their outputs are kept: 2 x 2 x k x h bytes per token."""
+    from tests.models.moe_models import save_moe_model
+
+    shape = plan_module.model_shape(save_moe_model(tmp_path / family, family),
+                                    config_key="actor_rollout_ref.model.path")
+    assert (shape.routed, shape.intermediate, shape.hidden, shape.layers) == (2, intermediate, 32, 2)
+    moe = ModelShape(params=1000, layer_params=100, layers=4, hidden=8, intermediate=12, kv_dim=4, vocab=50, routed=2)
+    # checkpointed: 64 tokens x (4 layer inputs x 2h + one layer's 2 x (3I + 2kh)) = 64 x (64 + 2 x (36 + 32))
+    assert moe.activation_bytes(64, checkpointing=True) == 64 * (64 + 136)
+    # kept per layer: 2 x (13h + 4kv + 4I + 2kh) = 2 x (104 + 16 + 48 + 32)
+    assert moe.activation_bytes(64, checkpointing=False) == 64 * 4 * 2 * 200
+    assert moe.forward_bytes(64) == 64 * 2 * (36 + 32 + 32)
 
 
 def test_lora_adapter_shrinks_gradients_and_optimizer_and_drops_reference_weights(tiny_qwen2_dir):

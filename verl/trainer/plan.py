@@ -16,7 +16,13 @@ heads counted as repeated once for the kernel), and the MLP's gate, up, SiLU and
 ``2·(13h + 4kv + 4I)`` bytes. Compiled layers (``use_torch_compile`` on CUDA) recompute the cheap
 elementwise results in backward and keep about ``2·(7h + 4kv + 3I)``. With checkpointing a layer
 keeps only its input (2h bytes) and the forward holds one layer's MLP intermediates at a time (3·I).
-Checked against the measured peaks of ``bench/train_step.py`` and ``bench/peer_grpo.py`` (docs/benchmarks.md).
+A mixture of experts counts ``I`` as the top-k experts' widths together (plus a shared expert's) and adds
+the tokens gathered for each chosen expert and its outputs before they are weighted: ``2·2·k·h`` per token.
+Backward also holds one layer's gradient reduction: FSDP2 casts the layer's bf16 gradients to fp32 for the
+reduce-scatter and writes the shard's fp32 result, ``(2 + 4 + 4/n)`` bytes per parameter of the layer --
+negligible for small dense layers, 5.8 GiB for a Qwen3-30B-A3B layer on one GPU.
+Checked against the measured peaks of ``bench/train_step.py``, ``bench/peer_grpo.py`` and
+``bench/model_step.py`` (docs/benchmarks.md).
 
 LoRA: gradients and optimizer state for the adapter's factors only (counted by injecting it into the
 meta-device model), no reference weights (the reference is the actor with its adapter off); the
@@ -52,6 +58,7 @@ class ModelShape:
     intermediate: int
     kv_dim: int
     vocab: int
+    routed: int = 0  # experts per token of a mixture of experts (num_experts_per_tok); 0 for a dense MLP
 
     @property
     def root_params(self) -> int:
@@ -66,15 +73,17 @@ class ModelShape:
     def activation_bytes(self, tokens: int, checkpointing: bool, compiled: bool = False) -> int:
         """Autograd-saved activations of the decoder stack for ``tokens`` packed tokens (see module doc)."""
         h, i, kv = self.hidden, self.intermediate, self.kv_dim
+        dispatch = 2 * self.routed * h  # a mixture of experts: each chosen expert's gathered tokens and outputs
         if checkpointing:
-            return tokens * (self.layers * 2 * h + 2 * 3 * i)
+            return tokens * (self.layers * 2 * h + 2 * (3 * i + dispatch))
         if compiled:  # the fused layer recomputes norms and SwiGLU products instead of keeping them
-            return tokens * self.layers * 2 * (7 * h + 4 * kv + 3 * i)
-        return tokens * self.layers * 2 * (13 * h + 4 * kv + 4 * i)
+            return tokens * self.layers * 2 * (7 * h + 4 * kv + 3 * i + dispatch)
+        return tokens * self.layers * 2 * (13 * h + 4 * kv + 4 * i + dispatch)
 
     def forward_bytes(self, tokens: int) -> int:
-        """Transient activations of a no-grad forward (one layer's MLP intermediates, the residual)."""
-        return tokens * 2 * (3 * self.intermediate + 4 * self.hidden)
+        """Transient activations of a no-grad forward (one layer's MLP intermediates, the residual; a mixture of
+        experts' gathered tokens and expert outputs)."""
+        return tokens * 2 * (3 * self.intermediate + 4 * self.hidden + 2 * self.routed * self.hidden)
 
 
 def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, compiled: bool = False,
@@ -84,6 +93,7 @@ def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, 
     ``trainable``: the parameters that get gradients and optimizer state (a LoRA adapter's), default all."""
     label = f"activations ({tokens} tokens, {'ckpt' if checkpointing else 'no ckpt'}{', compiled' * compiled})"
     adapter = trainable or 0  # LoRA factors come on top of the (frozen) model
+    layer_trainable = shape.layer_params if trainable is None else trainable // shape.layers
     trainable = shape.params if trainable is None else trainable
     parts = {
         "weights (sharded master)": (shape.params + adapter) * master_bytes // n_gpus,
@@ -91,6 +101,8 @@ def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, 
         "optimizer (AdamW moments)": 2 * 4 * trainable // n_gpus if optimizer_on_gpu else 0,
         "unsharded bf16 (root + 2 layers)": shape.unsharded_bytes,
         label: shape.activation_bytes(tokens, checkpointing, compiled),
+        # bf16 gradients, their fp32 reduce-scatter input and its output shard
+        "gradient reduction (one layer)": layer_trainable * (COMPUTE_BYTES + 4) + layer_trainable * 4 // n_gpus,
     }
     if logits:
         parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * COMPUTE_BYTES
@@ -127,9 +139,14 @@ def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, 
         lm_head = text.vocab_size * text.hidden_size
         tied = bool(getattr(text, "tie_word_embeddings", False))
         params = params - (0 if tied else lm_head) + text.hidden_size + 1
+    routed = getattr(text, "num_experts_per_tok", None) or 0
+    expert_width = getattr(text, "moe_intermediate_size", None)
+    if routed and expert_width:  # the top-k experts' MLPs, and a shared expert's where the model has one
+        intermediate = routed * expert_width + (getattr(text, "shared_expert_intermediate_size", None) or 0)
+    else:
+        routed, intermediate = 0, getattr(text, "intermediate_size", 4 * text.hidden_size)
     return ModelShape(params=params, layer_params=layer_params, layers=len(layers), hidden=text.hidden_size,
-                      intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size), kv_dim=kv_heads * head_dim,
-                      vocab=text.vocab_size)
+                      intermediate=intermediate, kv_dim=kv_heads * head_dim, vocab=text.vocab_size, routed=routed)
 
 
 @dataclass
