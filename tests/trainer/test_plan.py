@@ -32,6 +32,10 @@ def test_actor_components_by_hand():
     assert actor["log-prob chunk logits + grad"] == 64 * 50 * 2 * 2
     # One layer's gradients in bf16 (2 bytes), their fp32 reduce-scatter input (4) and its shard on 2 GPUs (4 / 2).
     assert actor["gradient reduction (one layer)"] == 100 * 2 + 100 * 4 + 100 * 4 // 2
+    bf16_reduce = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                                     "actor_rollout_ref.actor.fsdp_config.mixed_precision={reduce_dtype:bfloat16}"),
+                              None, shapes={"actor": SHAPE})
+    assert bf16_reduce.components["actor"]["gradient reduction (one layer)"] == 100 * 2 + 100 * 2 + 100 * 2 // 2
     # Without checkpointing each layer keeps 2 x (13h + 4kv + 4I) = 2 x (104 + 16 + 64) bytes per token.
     plan = plan_memory(config("actor_rollout_ref.model.enable_gradient_checkpointing=false"), None,
                        shapes={"actor": SHAPE})
@@ -134,7 +138,9 @@ def test_shape_of_a_real_architecture_on_the_meta_device(tmp_path, params):
     assert (shape.layers, shape.kv_dim, shape.root_params) == (24, 128, 151936 * 896 + 896)
 
 
-@pytest.mark.parametrize("family,intermediate", [("qwen3_moe", 2 * 16), ("qwen2_moe", 2 * 16 + 24)])
+# Mixtral gives an expert's width as intermediate_size.
+@pytest.mark.parametrize("family,intermediate", [("qwen3_moe", 2 * 16), ("qwen2_moe", 2 * 16 + 24),
+                                                 ("mixtral", 2 * 16)])
 def test_mixture_of_experts_counts_the_chosen_experts_and_their_dispatch(tmp_path, family, intermediate):
     """A mixture of experts' MLP width is its top-k experts' (2 x 16) plus a shared expert's (Qwen2-MoE: 24), and
     each token's copies sent to its k experts and their outputs are kept: 2 x 2 x k x h bytes per token."""

@@ -122,8 +122,8 @@ def call_as_forward(module: torch.nn.Module, fn, *args, **kwargs):
 
 def encoded_images(model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """The vision encoder's features (one ``(tokens, hidden)`` tensor per image) of a batch's images in row order,
-    from ``inputs`` as :func:`verl.models.vision.multi_modal_batch` joins them: each distinct image is encoded once,
-    and ``image_index`` (when given) repeats its features for every row that shows it."""
+    from ``inputs`` as :func:`verl.models.vision.multi_modal_batch` joins them (each distinct row's images once):
+    ``image_index`` (when given) repeats their features for every row that shows them."""
     backbone = getattr(model, model.base_model_prefix)
     features = backbone.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"],
                                            return_dict=True).pooler_output
@@ -238,7 +238,8 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     response positions then hold 0. ``kernel``: see :func:`resolve_kernel`.
 
     A vision-language model takes its rows' image inputs as ``multi_modal_inputs`` (``pixel_values``,
-    ``image_grid_thw``, joined in row order by :func:`verl.models.vision.multi_modal_batch`) and M-RoPE
+    ``image_grid_thw`` of the distinct rows and ``image_index``, as :func:`verl.models.vision.multi_modal_batch`
+    joins them; or all rows' in row order without an index) and M-RoPE
     ``position_ids`` (B, 3, T); the vision encoder runs once per call.
     """
     return _scored_forward(model, input_ids, attention_mask, position_ids, response_length, temperature, chunk_size,

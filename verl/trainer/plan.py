@@ -18,8 +18,9 @@ elementwise results in backward and keep about ``2·(7h + 4kv + 3I)``. With chec
 keeps only its input (2h bytes) and the forward holds one layer's MLP intermediates at a time (3·I).
 A mixture of experts counts ``I`` as the top-k experts' widths together (plus a shared expert's) and adds
 the tokens gathered for each chosen expert and its outputs before they are weighted: ``2·2·k·h`` per token.
-Backward also holds one layer's gradient reduction: FSDP2 casts the layer's bf16 gradients to fp32 for the
-reduce-scatter and writes the shard's fp32 result, ``(2 + 4 + 4/n)`` bytes per parameter of the layer --
+Backward also holds one layer's gradient reduction: FSDP2 casts the layer's bf16 gradients to the reduce dtype
+(fp32 unless ``mixed_precision.reduce_dtype`` says otherwise) for the reduce-scatter and writes the shard's
+result, ``(2 + 4 + 4/n)`` bytes per parameter of the layer in fp32 --
 negligible for small dense layers, 5.8 GiB for a Qwen3-30B-A3B layer on one GPU.
 Checked against the measured peaks of ``bench/train_step.py``, ``bench/peer_grpo.py`` and
 ``bench/model_step.py`` (docs/benchmarks.md).
@@ -37,9 +38,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+import torch
+
 from verl.trainer.config.spec import RunSpec, resolve_run
 from verl.workers.config import ModelConfig
 from verl.workers.config.batching import Batching, policy_phase
+from verl.workers.engine.fsdp import mixed_precision_policy
 
 GIB = 2 ** 30
 LOGPROB_CHUNK = 1024  # rows of logits alive at once (verl.models.logprob)
@@ -87,10 +91,11 @@ class ModelShape:
 
 
 def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, compiled: bool = False,
-                        logits: bool = True, n_gpus: int = 1, master_bytes: int = 4,
+                        logits: bool = True, n_gpus: int = 1, master_bytes: int = 4, reduce_bytes: int = 4,
                         optimizer_on_gpu: bool = True, trainable: int | None = None) -> dict[str, int]:
     """Per-GPU bytes of a model trained with FSDP2 + AdamW at a micro-batch of ``tokens`` packed tokens.
-    ``trainable``: the parameters that get gradients and optimizer state (a LoRA adapter's), default all."""
+    ``trainable``: the parameters that get gradients and optimizer state (a LoRA adapter's), default all.
+    ``reduce_bytes``: the size of the gradients' reduce-scatter dtype (``mixed_precision.reduce_dtype``)."""
     label = f"activations ({tokens} tokens, {'ckpt' if checkpointing else 'no ckpt'}{', compiled' * compiled})"
     adapter = trainable or 0  # LoRA factors come on top of the (frozen) model
     layer_trainable = shape.layer_params if trainable is None else trainable // shape.layers
@@ -101,8 +106,9 @@ def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, 
         "optimizer (AdamW moments)": 2 * 4 * trainable // n_gpus if optimizer_on_gpu else 0,
         "unsharded bf16 (root + 2 layers)": shape.unsharded_bytes,
         label: shape.activation_bytes(tokens, checkpointing, compiled),
-        # bf16 gradients, their fp32 reduce-scatter input and its output shard
-        "gradient reduction (one layer)": layer_trainable * (COMPUTE_BYTES + 4) + layer_trainable * 4 // n_gpus,
+        # bf16 gradients, their reduce-scatter input in the reduce dtype and its output shard
+        "gradient reduction (one layer)": (layer_trainable * (COMPUTE_BYTES + reduce_bytes)
+                                           + layer_trainable * reduce_bytes // n_gpus),
     }
     if logits:
         parts["log-prob chunk logits + grad"] = min(LOGPROB_CHUNK, tokens) * shape.vocab * 2 * COMPUTE_BYTES
@@ -112,8 +118,6 @@ def training_components(shape: ModelShape, tokens: int, *, checkpointing: bool, 
 def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, override_config=None,
                 value_head: bool = False) -> ModelShape:
     """Counts the parameters of the model at ``path`` on the meta device (nothing is allocated)."""
-    import torch
-
     from verl.models.loader import load_hf_config
     from verl.models.vision import causal_lm_class, is_vision_language
 
@@ -139,12 +143,16 @@ def model_shape(path: str, *, config_key: str, trust_remote_code: bool = False, 
         lm_head = text.vocab_size * text.hidden_size
         tied = bool(getattr(text, "tie_word_embeddings", False))
         params = params - (0 if tied else lm_head) + text.hidden_size + 1
+    dense = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
     routed = getattr(text, "num_experts_per_tok", None) or 0
-    expert_width = getattr(text, "moe_intermediate_size", None)
-    if routed and expert_width:  # the top-k experts' MLPs, and a shared expert's where the model has one
-        intermediate = routed * expert_width + (getattr(text, "shared_expert_intermediate_size", None) or 0)
+    if routed:  # the top-k experts' MLPs (Mixtral-style configs give an expert's width as intermediate_size) and
+        # the shared experts' where the model has them (Qwen2-MoE: one of its own width; DeepSeek: n of an expert's)
+        expert = getattr(text, "moe_intermediate_size", None) or dense
+        shared = (getattr(text, "shared_expert_intermediate_size", None)
+                  or (getattr(text, "n_shared_experts", None) or 0) * expert)
+        intermediate = routed * expert + shared
     else:
-        routed, intermediate = 0, getattr(text, "intermediate_size", 4 * text.hidden_size)
+        intermediate = dense
     return ModelShape(params=params, layer_params=layer_params, layers=len(layers), hidden=text.hidden_size,
                       intermediate=intermediate, kv_dim=kv_heads * head_dim, vocab=text.vocab_size, routed=routed)
 
@@ -228,6 +236,7 @@ def plan_memory(config, device_bytes: int | None = None, shapes: dict[str, Model
             shape, tokens, checkpointing=model_config.enable_gradient_checkpointing is not False,
             compiled=role_config.use_torch_compile and on_cuda, logits=role == "actor", n_gpus=n_gpus,
             master_bytes=_DTYPE_BYTES.get(str(fsdp.model_dtype), 4), optimizer_on_gpu=not fsdp.optimizer_offload,
+            reduce_bytes=mixed_precision_policy(fsdp, torch.device(trainer.device)).reduce_dtype.itemsize,
             trainable=adapter)
         resident[role] = sum(v for k, v in parts.items() if k.startswith(("weights", "optimizer")))
 
@@ -319,8 +328,6 @@ def _lora_params(model_config: ModelConfig, model_section: str, *, value_head: b
 
 def device_memory(device: str) -> int | None:
     """Total memory of one GPU when this process can see one and the run uses CUDA (``trainer.device``)."""
-    import torch
-
     if device != "cuda" or not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(0).total_memory

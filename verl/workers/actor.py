@@ -34,7 +34,8 @@ MULTI_MODAL_KEY = "multi_modal_inputs"
 
 
 def multi_modal_inputs(micro: DataProto) -> dict | None:
-    """A vision-language batch's image inputs of these rows (row order), on the batch's device; None for text."""
+    """A vision-language batch's image inputs of these rows (:func:`verl.models.vision.multi_modal_batch`: each
+    distinct row's images once, pixels on the batch's device, and their ``image_index``); None for text."""
     rows = micro.non_tensor_batch.get(MULTI_MODAL_KEY)
     if rows is None:
         return None

@@ -73,12 +73,12 @@ def compile_decoder_layers(model: torch.nn.Module) -> bool:
     (on ``__call__``) and checkpointing's wrapper stay eager; token counts vary, hence dynamic shapes.
     One compiled graph serves all layers. Returns whether any layer was compiled.
 
-    A vision-language model's vision blocks stay eager: their windowed attention splits the patches by
-    lengths read from a tensor (``.tolist()``), a graph break after which every new set of image sizes
-    compiles again -- on the GPU, minutes of compiling inside the first steps of a geo3k run."""
+    A vision-language model's vision blocks stay eager: each block reads its window and image boundaries from
+    tensors (``.tolist()``, ``.item()``), graph breaks after which every new set of image sizes compiled again
+    -- on the GPU, minutes of compiling inside the first steps of a geo3k run."""
     tower = vision_tower(model)
-    in_tower = {id(m) for m in tower.modules()} if tower is not None else set()
-    layers = [layer for layer in decoder_layers(model) if id(layer) not in in_tower]
+    in_tower = set(tower.modules()) if tower is not None else set()
+    layers = [layer for layer in decoder_layers(model) if layer not in in_tower]
     # Layers share one code object; a generous cache keeps recompiles for new shapes/flags from
     # falling back to eager.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(layers), 64)

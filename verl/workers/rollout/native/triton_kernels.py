@@ -116,16 +116,17 @@ def scaled_rms_norm_kernel(x_ptr, scale_ptr, r_ptr, o_ptr, h, eps, BLOCK: tl.con
 
 @triton.jit
 def _tanh(x):
-    """tanh in float32, within a few units in the last place everywhere (``tl`` has no tanh, and libdevice's does
-    not run in Triton's interpreter). For |x| >= 1/4, ``(1 - t) / (1 + t)`` with ``t = exp(-2|x|)`` <= 0.61, so
-    ``1 - t`` cancels at most 1.5 bits and ``t`` never overflows; below, where ``1 - t`` would cancel, the Taylor
-    series to x^11 (its next term is under 1e-10 of x there). The sign is put back last."""
+    """tanh in float32, within 2 units in the last place in Triton's interpreter (``tl`` has no tanh, and
+    libdevice's does not run in the interpreter). For |x| >= 0.55, ``(1 - t) / (1 + t)`` with ``t = exp(-2|x|)``
+    <= 1/3, so ``1 - t`` cancels at most 0.6 bits and ``t`` never overflows; below, where ``1 - t`` would cancel,
+    the Taylor series to x^19 (its next term is under 1e-9 of x there). The sign is put back last."""
     a = tl.abs(x)
     t = tl.exp(-2.0 * a)
     a2 = a * a
-    series = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (
-        62.0 / 2835.0 + a2 * (-1382.0 / 155925.0))))))
-    r = tl.where(a < 0.25, series, (1.0 - t) / (1.0 + t))
+    series = 1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0 + a2 * (
+        -1382.0 / 155925.0 + a2 * (21844.0 / 6081075.0 + a2 * (-929569.0 / 638512875.0 + a2 * (
+            6404582.0 / 10854718875.0 + a2 * (-443861162.0 / 1856156927625.0)))))))))
+    r = tl.where(a < 0.55, a * series, (1.0 - t) / (1.0 + t))
     return tl.where(x < 0, -r, r)
 
 
