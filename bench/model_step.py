@@ -1,7 +1,7 @@
 """Whole GRPO steps through the real CLI on one GPU, for a mixture of experts and a vision-language model.
 
     python3 bench/model_step.py --shape moe --out /tmp/moe_step [--steps 5]
-    python3 bench/model_step.py --shape vlm --out /tmp/vlm_step [--steps 5]
+    python3 bench/model_step.py --shape vlm --out /tmp/vlm_step [--steps 5] [--engine native]
     python3 bench/model_step.py --shape moe --out /tmp/plan --plan-only --device-gib 80   # no GPU needed
     python3 bench/model_step.py --shape vlm --out /tmp/quick --quick                      # tiny, on the CPU
 
@@ -394,7 +394,8 @@ def describe_counts(counts: dict) -> str:
     return text
 
 
-def run_shape(shape: str, out: str, steps: int, quick: bool, device_gib: float | None) -> dict:
+def run_shape(shape: str, out: str, steps: int, quick: bool, device_gib: float | None,
+              engines: list[str] | None = None) -> dict:
     prepared = prepare(shape, out, quick, weights=True)
     counts = parameter_counts(prepared["config"])
     work = workload(quick)
@@ -403,9 +404,9 @@ def run_shape(shape: str, out: str, steps: int, quick: bool, device_gib: float |
           f"{work['prompts']} prompts x {work['samples']}, prompt tokens {min(lengths)}..{max(lengths)}, "
           f"{work['response']} response tokens", flush=True)
     # The vision-language shape runs twice, the native engine then transformers' generate (the baseline).
-    engines = ["native", "hf"] if shape == "vlm" else [None]
+    engines = (engines or ["native", "hf"]) if shape == "vlm" else [None]
     results = [measure(shape, out, prepared, steps, quick, device_gib, engine) for engine in engines]
-    if shape == "vlm":
+    if len(results) == 2:
         ours, baseline = (r["median"].get("timing_s/gen", 0.0) for r in results)
         print(f"\nvlm generation (timing_s/gen, median): native {ours:.3f} s, hf {baseline:.3f} s: "
               f"{baseline / ours if ours else float('nan'):.2f}x; step {results[0]['median'].get('timing_s/step', 0):.3f}"
@@ -479,6 +480,8 @@ def main() -> None:
     parser.add_argument("--plan-only", action="store_true",
                         help="print the memory planner's peak for the shape and stop (no weights, no GPU)")
     parser.add_argument("--device-gib", type=float, help="the GPU size the plan assumes (default: this one's)")
+    parser.add_argument("--engine", choices=["native", "hf"], action="append",
+                        help="--shape vlm: run only this rollout engine (repeatable; default both, native first)")
     args = parser.parse_args()
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
@@ -486,7 +489,7 @@ def main() -> None:
         plan_only(args.shape, args.out, args.quick, args.device_gib)
         return
     steps = args.steps or (3 if args.quick else 5)
-    run_shape(args.shape, args.out, steps, args.quick, args.device_gib)
+    run_shape(args.shape, args.out, steps, args.quick, args.device_gib, args.engine)
 
 
 if __name__ == "__main__":
