@@ -157,7 +157,8 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
             else:
                 groups = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        max_len = int(kwargs["max_length_q"])
+        longest = kwargs.get("max_length_q")  # callers of the flash-attention interface pass it; else derive it
+        max_len = int(longest) if longest is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         out = varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, cu_seqlens, max_len, max_len,
                           scale=scaling, **options)
     else:
