@@ -172,8 +172,10 @@ def test_rows_with_the_same_images_are_encoded_once(vlm_dir):
     assert any(g.abs().sum() > 0 for g in grads_once)
 
 
-def _vision_calls(monkeypatch):
-    """Spy on the vision implementation's attention calls: (query length, given cu_seqlens, is_causal)."""
+@pytest.fixture
+def vision_calls():
+    """Spy on the vision implementation's attention calls: (query length, given cu_seqlens, is_causal). Through
+    transformers' public ``AttentionInterface.register``; the packed attention is registered back afterwards."""
     from transformers import AttentionInterface
 
     from verl.models import packed
@@ -185,8 +187,9 @@ def _vision_calls(monkeypatch):
         return packed.packed_attention(module, query, *args, **kwargs)
 
     packed.register()
-    monkeypatch.setitem(AttentionInterface._global_mapping, packed.VISION_ATTN_IMPLEMENTATION, spy)
-    return calls
+    AttentionInterface.register(packed.VISION_ATTN_IMPLEMENTATION, spy)
+    yield calls
+    AttentionInterface.register(packed.VISION_ATTN_IMPLEMENTATION, packed.packed_attention)
 
 
 def _vision_inputs():
@@ -195,12 +198,12 @@ def _vision_inputs():
     return torch.randn(112, 3 * 2 * 14 * 14, generator=g), grid
 
 
-def test_packed_vision_tower_attends_each_block_in_one_varlen_call(vlm_dir, monkeypatch):
+def test_packed_vision_tower_attends_each_block_in_one_varlen_call(vlm_dir, vision_calls):
     """Loaded for packed forwards, the vision tower's attention takes each block's windows (or whole images) in one
     call on cu_seqlens, bidirectional, instead of one SDPA call per window; its features equal SDPA's."""
     from verl.models.packed import VISION_ATTN_IMPLEMENTATION
 
-    calls = _vision_calls(monkeypatch)
+    calls = vision_calls
     model = load_causal_lm(vlm_dir, remove_padding=True).eval()
     reference = load_causal_lm(vlm_dir).eval()
     tower = vision_tower(model)
@@ -216,10 +219,10 @@ def test_packed_vision_tower_attends_each_block_in_one_varlen_call(vlm_dir, monk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_packed_vision_tower_varlen_on_cuda_matches_sdpa(vlm_dir, monkeypatch):
+def test_packed_vision_tower_varlen_on_cuda_matches_sdpa(vlm_dir, vision_calls):
     """On CUDA in bf16 the one call per block is PyTorch's varlen flash attention, bidirectional: its features
     and gradients match the per-window SDPA loop's within bf16 rounding."""
-    calls = _vision_calls(monkeypatch)
+    calls = vision_calls
     results = []
     for packed_forward in (True, False):
         model = load_causal_lm(vlm_dir, remove_padding=packed_forward, dtype=torch.bfloat16).cuda()
