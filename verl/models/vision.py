@@ -234,6 +234,7 @@ def encode_images(module: torch.nn.Module, rows: Sequence[dict] | None,
     inputs = multi_modal_batch(rows, device) if rows is not None else {}
     if not inputs:
         return None
+
     def encode(pixel_values, image_grid_thw):  # as arguments, which FSDP's forward hooks see
         return encoded_images(module, {**inputs, "pixel_values": pixel_values, "image_grid_thw": image_grid_thw})
 
