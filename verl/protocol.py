@@ -17,7 +17,6 @@ together and give each result its own (shallow) copy of ``meta_info``.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from verl.utils.batch_values import compact_tensor, type_summary, values_equal
 from verl.utils.fs import atomic_torch_save
 from verl.utils.model import compute_position_id_with_mask
 
@@ -111,48 +111,6 @@ def _tensordict_from(tensors: dict, rows: int | None = None, device=None):
             return None
         rows = next(iter(sizes.values()))
     return _tensordict(dict(tensors), rows, device)
-
-
-def _compact(value):
-    """``value`` without the parts of a larger storage it views (pickling a view ships the whole storage)."""
-    if not isinstance(value, torch.Tensor):
-        return value.clone()  # a nested TensorDict
-    owns = value.untyped_storage().nbytes() == value.numel() * value.element_size() and value.is_contiguous()
-    return value if owns else value.clone(memory_format=torch.contiguous_format)
-
-
-def _same(a, b) -> bool:
-    """Deep equality for union and concat checks: numpy arrays and tensors by value, NaN equal to NaN."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and torch.equal(a, b))
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a, dtype=object), np.asarray(b, dtype=object)
-        return a.shape == b.shape and all(_same(x, y) for x, y in zip(a.ravel(), b.ravel()))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    result = a == b
-    return bool(result) if not isinstance(result, (np.ndarray, torch.Tensor)) else bool(np.all(result))
-
-
-def _type_info(value) -> str:
-    """A short nested type description for :meth:`DataProto.get_data_info`."""
-    if isinstance(value, list):
-        return f"list[{'|'.join(sorted({_type_info(v) for v in value[:3]})) or '...'}]"
-    if isinstance(value, tuple):
-        return f"tuple({', '.join(_type_info(v) for v in value)})"
-    if isinstance(value, dict):
-        if not value:
-            return "dict"
-        key, item = next(iter(value.items()))
-        return f"dict[{_type_info(key)}: {_type_info(item)}]"
-    if isinstance(value, np.ndarray):
-        return f"ndarray{value.shape} ({value.dtype})"
-    return type(value).__name__
 
 
 # ---------------------------------------------------------------------------------------------- DataProto
@@ -308,7 +266,7 @@ class DataProto:
         return "\n".join([
             "batch", *(f"  {key}: {tuple(t.shape)} ({t.dtype}) {t.device}" for key, t in tensors),
             "non_tensor_batch", *(f"  {key}: ndarray{a.shape} ({a.dtype})" for key, a in self.non_tensor_batch.items()),
-            "meta_info", *(f"  {key}: {_type_info(v)}" for key, v in self.meta_info.items())])
+            "meta_info", *(f"  {key}: {type_summary(v)}" for key, v in self.meta_info.items())])
 
     def _check_keys(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None) -> None:
         """Raise naming the keys (of each part given, not None) that this DataProto lacks."""
@@ -378,16 +336,16 @@ class DataProto:
                 mine = self.batch.get(key, None)
                 if mine is None:
                     self.batch[key] = value
-                elif not _same(mine, value):
+                elif not values_equal(mine, value):
                     raise DataProtoValueError(f"union conflict: batch['{key}'] differs between the two DataProtos")
         for key, value in other.non_tensor_batch.items():
             mine = self.non_tensor_batch.get(key)
-            if mine is not None and not _same(mine, value):
+            if mine is not None and not values_equal(mine, value):
                 raise DataProtoValueError(f"union conflict: non_tensor_batch['{key}'] differs between the two "
                                           "DataProtos")
             self.non_tensor_batch[key] = value
         for key, value in other.meta_info.items():
-            if key in self.meta_info and not _same(self.meta_info[key], value):
+            if key in self.meta_info and not values_equal(self.meta_info[key], value):
                 raise DataProtoValueError(f"union conflict: meta_info['{key}'] is {self.meta_info[key]!r} here "
                                           f"and {value!r} in the other DataProto")
             self.meta_info[key] = value
@@ -511,7 +469,7 @@ class DataProto:
                         metric_parts.extend(value if isinstance(value, list) else [value])
                 elif key not in meta:
                     meta[key] = value
-                elif not _same(meta[key], value):
+                elif not values_equal(meta[key], value):
                     raise DataProtoValueError(f"DataProto.concat: meta_info['{key}'] is {meta[key]!r} in an earlier "
                                               f"part but {value!r} in part {i}; the parts must agree on meta_info "
                                               "(except 'metrics', which is merged)")
@@ -563,7 +521,7 @@ class DataProto:
         # carry the full batch), so views are compacted before they leave the process.
         state = {"batch": None, "non_tensor_batch": self.non_tensor_batch, "meta_info": self.meta_info}
         if self.batch is not None:
-            state["batch"] = {k: _compact(v) for k, v in self.batch.items()}
+            state["batch"] = {k: compact_tensor(v) for k, v in self.batch.items()}
             state["batch_size"] = len(self)
             state["batch_device"] = None if self.batch.device is None else str(self.batch.device)
         return state
