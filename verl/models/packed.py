@@ -188,16 +188,15 @@ def register() -> str:
     return ATTN_IMPLEMENTATION
 
 
-def use_varlen_in_vision_tower(tower: torch.nn.Module) -> bool:
+def use_varlen_in_vision_tower(tower: torch.nn.Module | None) -> None:
     """Give a vision encoder (Qwen2-VL / Qwen2.5-VL's) :data:`VISION_ATTN_IMPLEMENTATION`, so that each block's
     attention over its windows (or whole images) is one varlen call on ``cu_seqlens`` instead of a loop of one
     SDPA call per window: about 300 windows of 64 patches per 20 images of 448 x 448 pixels, times 28 windowed
     blocks, each call a launch and a Python round trip, forward, recomputed and backward. transformers passes
     ``cu_seqlens`` to implementations named like flash attention; where a version does not, its per-window loop
-    still calls :func:`packed_attention` without them, which is then plain SDPA. Returns whether it was set."""
-    config = getattr(tower, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation"):
-        return False
+    still calls :func:`packed_attention` without them, which is then plain SDPA. A model without a tower that
+    :func:`verl.models.vision.vision_tower` finds (``None``) keeps its implementation."""
+    if tower is None:
+        return
     register()
-    config._attn_implementation = VISION_ATTN_IMPLEMENTATION
-    return True
+    tower.config._attn_implementation = VISION_ATTN_IMPLEMENTATION

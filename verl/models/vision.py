@@ -181,20 +181,19 @@ def multi_modal_batch(rows: Sequence[dict], device: torch.device | str | None = 
     distinct: list[dict] = []
     firsts: list[int] = []  # each distinct row's first image among the distinct images
     index: list[int] = []
-    same: dict[int, tuple[torch.Tensor, int]] = {}  # id(pixel_values) -> (that tensor, its distinct row)
+    same: dict[int, int] = {}  # id(pixel_values) -> its distinct row; ``rows`` keeps every tensor alive, so ids
+    # stay unique for the whole call
     for row in rows:
         if not row:
             continue
-        pixels = row["pixel_values"]
-        seen = same.get(id(pixels))
-        at = seen[1] if seen is not None and seen[0] is pixels else None
+        at = same.get(id(row["pixel_values"]))
         if at is None:
             at = next((i for i, kept in enumerate(distinct) if _same_images(kept, row)), None)
         if at is None:
             at = len(distinct)
             firsts.append(firsts[-1] + len(distinct[-1]["image_grid_thw"]) if distinct else 0)
             distinct.append(row)
-        same[id(pixels)] = (pixels, at)
+        same[id(row["pixel_values"])] = at
         index.extend(range(firsts[at], firsts[at] + len(row["image_grid_thw"])))
     if not distinct:
         return {}
