@@ -244,6 +244,18 @@ def main(argv=None) -> None:
                 case[f"ours_{name}_decode_ms_per_step"] = step_ms
                 print(f"{label}: ours {name}: {tokens / seconds:.0f} tok/s, decode {step_ms:.2f} ms per step "
                       f"(pure sampling: {1000 * stats['decode_s'] / max(stats['decode_steps'], 1):.2f})", flush=True)
+        if n > 1 and device == "cuda":  # the same case with each row reading its own copy of its prompt
+            from unittest import mock
+
+            from verl.workers.rollout.native import scheduler
+            with mock.patch.object(scheduler, "decode_shared_chunk", lambda w, n: 0):
+                seconds, _, _, own_stats = run_ours(model, prompts, response_len, n, device, repeats=2)
+            step_ms = 1000 * own_stats["decode_s"] / max(own_stats["decode_steps"], 1)
+            case["ours_unshared_tok_s"] = tokens / seconds
+            case["ours_unshared_decode_ms_per_step"] = step_ms
+            print(f"{label}: ours without shared prompts {tokens / seconds:.0f} tok/s, decode {step_ms:.2f} ms per "
+                  f"step (shared, chunks of {stats.get('shared_prompt_chunk')}: "
+                  f"{1000 * stats['decode_s'] / max(stats['decode_steps'], 1):.2f})", flush=True)
         if "hf_tok_s" in case:
             case["ratio"] = case["ours_tok_s"] / case["hf_tok_s"]
             print(f"{label}: ratio {case['ratio']:.2f}x", flush=True)

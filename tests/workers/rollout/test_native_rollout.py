@@ -174,6 +174,37 @@ def test_n_samples_and_slot_reuse_match_one_at_a_time(models, tiny_tokenizer):
     assert len(prompts) == 4
 
 
+@pytest.mark.parametrize("max_num_seqs", [5, 1024])
+def test_shared_prompt_chunks_follow_admission_and_compaction(models, tiny_tokenizer, monkeypatch, max_num_seqs):
+    """The chunk table of the shared-prompt decode attention (a CUDA kernel) stays right while slots are refilled
+    and packed: 4 prompts x 3 samples through 5 slots or all at once, rows stopping early at an eos, chunks of 2
+    (so a prompt's 3 samples make two chunks). The CPU path reads each row's own copy, so the tokens are those
+    of a plain run."""
+    from tests.workers.rollout.shared_prompt_checks import watch_shared_prompts
+
+    model = models["qwen2"]
+    config = make_config(n=3, max_num_seqs=max_num_seqs)
+    torch.manual_seed(3)
+    free = NativeRollout(config, model, tiny_tokenizer).generate_sequences(
+        make_prompts(tiny_tokenizer, eos_token_id=[])).batch["responses"]
+    # Eos tokens: the second tokens of the first 8 rows, so that those stop at once and the last 4 (of prompts 2
+    # and 3) are packed into the lowest slots, with their chunks.
+    eos = sorted(set(free[:8, 1].tolist()) - set(free[8:, :4].flatten().tolist()))
+    torch.manual_seed(3)
+    want = NativeRollout(config, model, tiny_tokenizer).generate_sequences(
+        make_prompts(tiny_tokenizer, eos_token_id=eos)).batch["responses"]
+    seen = watch_shared_prompts(monkeypatch, chunk=2)
+    torch.manual_seed(3)
+    got = NativeRollout(config, model, tiny_tokenizer).generate_sequences(
+        make_prompts(tiny_tokenizer, eos_token_id=eos)).batch["responses"]
+    assert torch.equal(got, want)
+    assert seen["shared_rows"] > 0, seen
+    if max_num_seqs == 5:  # rows waited for slots: freed slots were refilled while others decoded
+        assert seen["steps"] > RESPONSE_LENGTH, seen
+    else:  # the 4 rows still running after the first step moved into the lowest slots
+        assert seen["steps_after_moves"] > 0, seen
+
+
 def test_eos_and_response_length_per_row(models, tiny_tokenizer):
     model = models["llama"]
     reference = NativeRollout(make_config(), model, tiny_tokenizer) \

@@ -187,6 +187,65 @@ def test_triton_decode_attention_matches_torch(shape):
             assert got.dtype == torch.bfloat16 and err <= max(torch_err, 1e-2), (window, splits, err, torch_err)
 
 
+@pytest.mark.parametrize("shape", ["qwen25", "gemma2"])
+@torch.no_grad()
+def test_triton_decode_attention_shared_prompts_on_cuda(shape):
+    """The shared-prompt decode attention in bf16: 45 rows, most in groups of 8 samples of a prompt (chunks as the
+    scheduler builds them), some alone, against the fp32 result from each row's intact copy, after every copy but
+    each chunk's first was overwritten with noise. As close as the bf16 torch path, with the splits the wrapper
+    picks and forced ones; Gemma 2 with its soft-cap and a window that hides part of some prompts."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from verl.workers.rollout.native import triton_ops
+    from verl.workers.rollout.native.model import _attend, decode_bias
+    from verl.workers.rollout.native.scheduler import shared_prefix_table
+
+    hkv, groups, head_dim, softcap, windows = {"qwen25": (2, 7, 64, None, [None]),
+                                               "gemma2": (4, 2, 256, 50.0, [None, 300])}[shape]
+    chunk = triton_ops.shared_prefix_chunk(8, groups, head_dim)
+    assert chunk == 8
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b, slots, max_len, width = 45, 48, 700, 384
+    slot_group = np.array([i // 8 if i < 40 else -1 - i for i in range(slots)])
+    q = torch.randn(b, hkv, groups, head_dim, device="cuda", generator=g).bfloat16()
+    keys = torch.randn(slots, hkv, max_len, head_dim, device="cuda", generator=g).bfloat16()
+    values = torch.randn_like(keys)
+    group_start = torch.randint(0, 200, (slots,), device="cuda", generator=g)
+    start = torch.tensor([int(group_start[grp]) if grp >= 0 else int(group_start[i])
+                          for i, grp in enumerate(slot_group)], device="cuda")[:b]
+    write_pos = width + torch.randint(0, max_len - width, (b,), device="cuda", generator=g)
+    table = shared_prefix_table(slot_group, chunk, triton_ops.SHARED_TABLE_WIDTH)
+    for leader in np.flatnonzero(table[:, 0] >= 0):
+        for member in table[leader][table[leader] >= 0]:
+            keys[member, :, :width] = keys[leader, :, :width]
+            values[member, :, :width] = values[leader, :, :width]
+    scale = head_dim ** -0.5 * (4.0 if softcap else 1.0)
+    w = SimpleNamespace(attn_softcap=softcap, attn_scale=scale)
+    columns = torch.arange(max_len, device="cuda")
+    wants = {}
+    for window in windows:
+        bias = decode_bias(columns, start, write_pos, window, torch.float32)
+        exact = _attend(w, q.float(), keys[:b].float(), values[:b].float(), bias)
+        torch_err = (_attend(w, q, keys[:b], values[:b], bias.bfloat16()).float() - exact).abs().max().item()
+        wants[window] = exact, torch_err
+    for leader in np.flatnonzero(table[:, 0] >= 0):
+        for member in table[leader][table[leader] >= 0]:
+            if member != leader:
+                keys[member, :, :width] = torch.randn_like(keys[member, :, :width]) * 4
+                values[member, :, :width] = torch.randn_like(values[member, :, :width]) * 4
+    shared = (torch.from_numpy(table).cuda(), torch.full((b,), width, device="cuda"), chunk)
+    for window in windows:
+        exact, torch_err = wants[window]
+        for prefix_splits, splits in ((None, None), (1, 1), (3, 2)):
+            got = triton_ops.decode_attention(q, keys, values, start, write_pos, window, scale, softcap,
+                                              splits=splits, shared=shared, prefix_splits=prefix_splits)
+            err = (got.float() - exact).abs().max().item()
+            print(f"{shape} window {window} splits {prefix_splits}/{splits}: max |diff| {err:.2e} (torch {torch_err:.2e})")
+            assert got.dtype == torch.bfloat16 and err <= max(torch_err, 1e-2), (window, splits, err, torch_err)
+
+
 def reference_keep_from(logits, temperature, top_k, top_p):
     """The lowest raw logit that ``sampling.filter_logits`` (the torch path) keeps, per row."""
     raw = logits.float()
@@ -252,6 +311,23 @@ def test_bf16_sampled_log_probs_match_recomputation():
     diff = (out["rollout_log_probs"] - chosen(recomputed(model, out), out)).abs()
     print(f"bf16 sampled log-prob |diff| mean {diff.mean():.4f} max {diff.max():.4f}")
     assert torch.equal(out["responses"], again["responses"])
+    assert diff.mean() < 0.05
+
+
+@torch.no_grad()
+def test_bf16_shared_prompts_with_refills_match_recomputation():
+    """n=4 samples per prompt through 10 slots (refills, packing, eos stops): the decode attention reads each
+    prompt once per chunk of its samples, and the sampled log-probs still match a full forward's."""
+    model = build(Qwen2Config(num_hidden_layers=4, **QWEN25), torch.bfloat16, std=0.05)
+    batch = prompts(151936, [64, 20, 50, 64, 7, 33, 64, 45], do_sample=True, seed=4)
+    batch.meta_info.update(eos_token_id=list(range(1000, 4000)))  # 2% of the vocabulary: a third of rows stop early
+    rollout = NativeRollout(config(n=4, max_num_seqs=10), model, None)
+    out = rollout.generate_sequences(batch).batch
+    assert rollout.last_stats["shared_prompt_chunk"] == 4 and rollout.last_stats["graph_captures"] >= 1
+    mask = out["response_mask"].bool()
+    assert mask.sum(dim=1).min() < 24 and mask.sum(dim=1).max() == 24  # some rows stopped early
+    diff = (out["rollout_log_probs"] - chosen(recomputed(model, out), out)).abs()[mask]
+    print(f"bf16 shared-prompt sampled log-prob |diff| mean {diff.mean():.4f} max {diff.max():.4f}")
     assert diff.mean() < 0.05
 
 

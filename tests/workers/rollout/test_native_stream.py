@@ -85,12 +85,19 @@ def _eos_that_stops_one_row_early(model, tokenizer):
     pytest.fail(f"no token of {rows[0][:4]} stops row 0 early and another row late: {rows}")
 
 
-def test_suspended_rows_resume_where_they_stopped(model, tiny_tokenizer):
+@pytest.mark.parametrize("shared_prompts", [False, True])
+def test_suspended_rows_resume_where_they_stopped(model, tiny_tokenizer, monkeypatch, shared_prompts):
+    """With ``shared_prompts``, also the chunk table of the shared-prompt decode attention through suspension and
+    resumption (``shared_prompt_checks``: a resumed row is prefilled alone and shares with no slot)."""
     eos = _eos_that_stops_one_row_early(model, tiny_tokenizer)
     prompts = prompts_of(tiny_tokenizer)
     prompts.meta_info["eos_token_id"] = [eos]
     whole = engine(model, tiny_tokenizer, do_sample=False).generate_sequences(prompts)
 
+    if shared_prompts:
+        from tests.workers.rollout.shared_prompt_checks import watch_shared_prompts
+
+        seen = watch_shared_prompts(monkeypatch, chunk=2)
     rollout = engine(model, tiny_tokenizer, do_sample=False)
     rollout.default_eos_token_ids = [eos]
     first, stats = rollout.generate_stream(prompts, version=0, until_groups=1)
@@ -105,6 +112,8 @@ def test_suspended_rows_resume_where_they_stopped(model, tiny_tokenizer):
         assert torch.equal(got.batch["responses"][rows], whole.batch["responses"][expected])
         torch.testing.assert_close(got.batch["rollout_log_probs"][rows], whole.batch["rollout_log_probs"][expected],
                                    atol=1e-5, rtol=0)
+    if shared_prompts:
+        assert seen["shared_rows"] > 0 and seen["steps"] > 0, seen
 
 
 def test_resumed_rows_continue_with_the_new_weights_and_keep_their_log_probs(model, tiny_tokenizer):

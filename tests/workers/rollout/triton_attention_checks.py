@@ -12,6 +12,8 @@ product), against the torch ops they replace."""
 
 import os
 import sys
+
+import numpy as np
 from types import SimpleNamespace
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -46,6 +48,48 @@ def check(dtype, groups, head_dim, window, softcap, splits, tol):
     if softcap is not None:  # the cap changes the result: the check would see a kernel that skipped it
         plain = reference(q, keys, values, start, write_pos, window, scale, None)
         assert (plain.float() - want.float()).abs().max().item() > 10 * tol
+
+
+def check_shared(groups, head_dim, window, softcap, chunk, prefix_splits, splits):
+    """Rows that share a prompt read it once per chunk: the keys and values of a row's shared columns come from
+    its chunk's first slot only. The other members' copies are overwritten with noise after the reference is
+    computed from the intact cache, so a kernel that read them would be far off. Rows: a prompt of 5 samples
+    (chunks of ``chunk``), one of 2 whose second row is past the batch (a finished slot), a lone row, and a row
+    that is not running (zeroed state: start and write position 0); windows that cut into the prompt of some rows."""
+    from verl.workers.rollout.native.scheduler import shared_prefix_table
+
+    g = torch.Generator().manual_seed(groups * 10 + head_dim + chunk + (window or 0))
+    hkv, max_len, width, b = 2, 160, 70, 9
+    slot_group = np.array([4, 4, 4, 1, 4, 4, 9, -8, 1, -10])  # slot 9 (of group 1) is past the batch
+    start = torch.tensor([12, 12, 12, 30, 12, 12, 0, 0, 30, 30])
+    write_pos = torch.tensor([70, 95, 159, 71, 70, 120, 100, 0, 80, 77])
+    end = torch.tensor([width] * 7 + [0, width, width])
+    q = torch.randn(b, hkv, groups, head_dim, generator=g)
+    keys = torch.randn(len(slot_group), hkv, max_len, head_dim, generator=g)
+    values = torch.randn(len(slot_group), hkv, max_len, head_dim, generator=g)
+    table = shared_prefix_table(slot_group, chunk, triton_ops.SHARED_TABLE_WIDTH)
+    leader_of = {}
+    for leader in np.flatnonzero(table[:, 0] >= 0):
+        for member in table[leader][table[leader] >= 0]:
+            leader_of[int(member)] = int(leader)
+    for member, leader in leader_of.items():  # identical prompt copies, as a prefill writes them
+        keys[member, :, :width] = keys[leader, :, :width]
+        values[member, :, :width] = values[leader, :, :width]
+    scale = head_dim ** -0.5 * 3.0
+    want = reference(q, keys, values, start[:b], write_pos[:b], window, scale, softcap)
+    for member, leader in leader_of.items():
+        if member != leader:
+            keys[member, :, :width] = torch.randn(hkv, width, head_dim, generator=g) * 5
+            values[member, :, :width] = torch.randn(hkv, width, head_dim, generator=g) * 5
+    shared = (torch.from_numpy(table), end[:b], chunk)
+    got = triton_ops.decode_attention(q, keys, values, start[:b], write_pos[:b], window, scale, softcap, splits=splits,
+                                      shared=shared, prefix_splits=prefix_splits)
+    running = torch.tensor([True] * 7 + [False, True])  # row 7 is not running: its output is not used
+    err = (got[running] - want[running]).abs().max().item()
+    assert torch.isfinite(got).all() and err <= 1e-5, (groups, head_dim, window, softcap, chunk, err)
+    unshared = triton_ops.decode_attention(q, keys, values, start[:b], write_pos[:b], window, scale, softcap,
+                                           splits=splits)
+    assert (unshared[running] - want[running]).abs().max() > 0.1  # each row reading its own (noisy) copy is wrong
 
 
 def check_norm(dtype, h, residual):
@@ -138,6 +182,15 @@ def main():
     for case in cases:
         check(*case)
         print(f"{case}: ok")
+    shared_cases = [
+        # groups, head_dim, window, softcap, chunk, prefix splits, splits
+        (2, 32, None, None, 2, 1, 1),
+        (7, 16, None, None, 8, 2, 3),  # Qwen's 14/2 heads: 56 stacked query rows; the prompt cut in two
+        (2, 32, 60, 5.0, 3, 3, 2),  # Gemma: windowed (some rows see part of their prompt, one none) and capped
+    ]
+    for case in shared_cases:
+        check_shared(*case)
+        print(f"shared {case}: ok")
 
 
 if __name__ == "__main__":

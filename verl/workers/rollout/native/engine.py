@@ -64,11 +64,11 @@ __all__ = ["NativeRollout"]
 
 
 class _DecodeGraphs:
-    """One captured decode step per batch-size bucket, valid while weights and cache stay put."""
+    """One captured decode step per batch-size bucket and shared-prompt chunk, valid while weights and cache stay put."""
 
     def __init__(self):
         self.key = None
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.captures = 0
 
@@ -82,9 +82,10 @@ class _DecodeGraphs:
         self.pool = None
         self.key = None
 
-    def run(self, b: int, step) -> torch.Tensor:
-        if b in self.graphs:
-            graph, logits = self.graphs[b]
+    def run(self, key: tuple[int, int], step) -> torch.Tensor:
+        """Replay the graph of ``key`` (batch size, shared-prompt chunk), or run ``step`` and capture it."""
+        if key in self.graphs:
+            graph, logits = self.graphs[key]
             graph.replay()
             return logits
         # The warm-up is this step's real computation (same inputs), then the capture records it.
@@ -99,7 +100,7 @@ class _DecodeGraphs:
             with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 static_logits = step()
             self.pool = graph.pool()
-            self.graphs[b] = (graph, static_logits)
+            self.graphs[key] = (graph, static_logits)
             self.captures += 1
         return logits
 

@@ -297,19 +297,37 @@ def decode_bias(columns: torch.Tensor, start: torch.Tensor, write_pos: torch.Ten
     return bias.masked_fill(~seen, float("-inf"))[:, None, None, :]
 
 
+def _fused_attention(w: DecoderWeights, t: torch.Tensor) -> bool:
+    """Whether decode steps over ``t``'s device take the fused attention (which reads each row's visible columns
+    only; the torch path reads every column and masks)."""
+    groups = w.num_heads // w.num_kv_heads
+    return triton_ops.enabled(t) and triton_ops.decode_attention_supported(w.head_dim, groups, w.dtype)
+
+
+def decode_shared_chunk(w: DecoderWeights, n: int) -> int:
+    """How many of the ``n`` samples of a prompt :func:`decode` reads the prompt's keys and values once for (their
+    slots hold identical copies of it): ``triton_ops.shared_prefix_chunk`` where the fused attention runs, else 0
+    (the torch path reads each row's own copy)."""
+    if not _fused_attention(w, w.embed):
+        return 0
+    return triton_ops.shared_prefix_chunk(n, w.num_heads // w.num_kv_heads, w.head_dim)
+
+
 def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tensor, start: torch.Tensor,
-           slot_ids: torch.Tensor, rope_delta: torch.Tensor | None = None) -> torch.Tensor:
+           slot_ids: torch.Tensor, rope_delta: torch.Tensor | None = None,
+           shared: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
     """One step for slots ``[0, b)``: feed ``tokens`` at cache column ``write_pos``, attend to columns
     ``[start, write_pos]`` (sliding layers: the last ``window`` of them); returns logits ``(b, V)``. Shapes and
     addresses are fixed for a given ``b``, so this is what a CUDA graph captures. The token's RoPE position is
-    ``write_pos - start``, plus ``rope_delta`` for M-RoPE (a prompt's images take fewer positions than tokens)."""
+    ``write_pos - start``, plus ``rope_delta`` for M-RoPE (a prompt's images take fewer positions than tokens).
+    ``shared``: the chunks of rows whose slots hold the same prompt (``triton_ops.decode_attention``), which the
+    fused attention reads once per chunk; where the torch path runs it is not needed and not read."""
     b = tokens.shape[0]
     tables = w.rope(cache.max_len)
     positions = write_pos - start if rope_delta is None else write_pos - start + rope_delta
     groups = w.num_heads // w.num_kv_heads
     fused = triton_ops.enabled(tokens)  # the Triton kernels serve CUDA tensors only
-    # The fused attention reads each row's visible columns only; the torch path reads every column and masks.
-    fuse_attention = fused and triton_ops.decode_attention_supported(w.head_dim, groups, w.dtype)
+    fuse_attention = _fused_attention(w, tokens)
     biases = {} if fuse_attention else {window: decode_bias(cache.columns, start, write_pos, window, w.dtype)
                                         for window in set(w.windows)}
     fuse_rope = fused and triton_ops.rope_supported(w.head_dim) and w.rotary_dim == w.head_dim
@@ -334,7 +352,7 @@ def decode(w: DecoderWeights, cache, tokens: torch.Tensor, write_pos: torch.Tens
         q = q.view(b, w.num_kv_heads, groups, w.head_dim)
         if fuse_attention:
             out = triton_ops.decode_attention(q, keys, values, start, write_pos, w.windows[i], w.attn_scale,
-                                              w.attn_softcap)
+                                              w.attn_softcap, shared=shared)
         else:
             out = _attend(w, q, keys[:b], values[:b], biases[w.windows[i]])
         x = _attn_residual(w, x, out.reshape(b, -1), lw)

@@ -19,8 +19,10 @@ import torch
 
 from verl.models.vision import placeholder_token_ids
 from verl.workers.rollout.base import wait_for_continuations
-from verl.workers.rollout.native.model import decode, decode_capturable, embed_with_images, extend, prefill
+from verl.workers.rollout.native.model import (decode, decode_capturable, decode_shared_chunk, embed_with_images, extend,
+                                               prefill)
 from verl.workers.rollout.native.sampling import sample
+from verl.workers.rollout.native.triton_ops import SHARED_TABLE_WIDTH
 
 __all__ = ["BUCKETS", "PromptImages", "Run", "SlotState", "bucket"]
 
@@ -31,18 +33,39 @@ def bucket(b: int, num_slots: int) -> int:
     return min(next((x for x in BUCKETS if x >= b), num_slots), num_slots)
 
 
+def shared_prefix_table(groups: np.ndarray, chunk: int, width: int) -> np.ndarray:
+    """The chunk table of the decode attention's shared prompts (``triton_ops.decode_attention``'s ``members``):
+    slots with equal ``groups[slot]`` hold identical prompt keys and values; in slot order, each run of them is
+    cut into chunks of at most ``chunk`` slots, and a chunk's first slot lists the chunk's slots (``width``
+    columns, -1 after them). Every other slot's entry starts with -1."""
+    count = len(groups)
+    order = np.lexsort((np.arange(count), groups))
+    ranked = groups[order]
+    starts = np.ones(count, dtype=bool)
+    starts[1:] = ranked[1:] != ranked[:-1]
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(count), 0))
+    rank = np.arange(count) - run_start
+    leaders = order[run_start + rank // chunk * chunk]
+    table = np.full((count, width), -1, dtype=np.int32)
+    table[leaders, rank % chunk] = order
+    return table
+
+
 class SlotState:
     """Per-slot device tensors the decode step reads and updates (fixed addresses for the graphs).
-    ``rope_delta``: M-RoPE's offset of a generated token's position from its column (0 for text models)."""
+    ``rope_delta``: M-RoPE's offset of a generated token's position from its column (0 for text models).
+    ``shared_end``: the column where a slot's prompt, shared with the other samples prefilled with it, ends;
+    ``members``: the chunks of slots that read that prompt once (:func:`shared_prefix_table`)."""
 
     def __init__(self, num_slots: int, device: torch.device):
-        self.tokens, self.write_pos, self.start, self.row, self.step, self.rope_delta = torch.zeros(
-            6, num_slots, dtype=torch.long, device=device)
+        self.tokens, self.write_pos, self.start, self.row, self.step, self.rope_delta, self.shared_end = torch.zeros(
+            7, num_slots, dtype=torch.long, device=device)
         self.live = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.slot_ids = torch.arange(num_slots, device=device)
+        self.members = torch.full((num_slots, SHARED_TABLE_WIDTH), -1, dtype=torch.int32, device=device)
 
     def tensors(self):
-        return self.tokens, self.write_pos, self.start, self.row, self.step, self.rope_delta, self.live
+        return self.tokens, self.write_pos, self.start, self.row, self.step, self.rope_delta, self.shared_end, self.live
 
 
 @dataclass
@@ -106,6 +129,12 @@ class Run:
         for t in self.state.tensors():
             t.zero_()
         self.state.row.fill_(self.rows)
+        # Rows prefilled from one prompt together read its keys and values once per chunk of them in decode (the
+        # fused attention only; 0: each row reads its own copy). Slots start in groups of their own.
+        self.share_chunk = decode_shared_chunk(self.w, self.params.n)
+        self.slot_group = -1 - np.arange(num_slots)
+        self.next_group = 0
+        self._share()
         # A mixture of experts whose grouped matmul syncs with the host (see decode_capturable) decodes eagerly.
         self.use_graphs = self.device.type == "cuda" and not engine.config.enforce_eager and decode_capturable(self.w)
         if self.use_graphs:
@@ -113,7 +142,8 @@ class Run:
             engine.graphs.validate((self.w.pointers(), self.cache.pointers(), self.w.rope_pointers(self.cache.max_len)))
         self.seed_base, self.draws = int(generator.initial_seed()) * 0x2545F4914F6CDD1D % (2**31 - 1), 0
         self.stats = {"slots": num_slots, "rows": self.rows, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                      "graph_captures": 0, "turns": 0, "extend_s": 0.0, "idle_s": 0.0}
+                      "graph_captures": 0, "turns": 0, "extend_s": 0.0, "idle_s": 0.0,
+                      "shared_prompt_chunk": self.share_chunk}
 
     def generate(self) -> tuple[torch.Tensor, torch.Tensor]:
         captures = self.engine.graphs.captures
@@ -271,16 +301,28 @@ class Run:
                            self._seed())
         return tokens, logits.gather(1, tokens[:, None]).squeeze(1).float() / temperature - total
 
+    def _share(self, slots: list[int] | None = None, sources=None) -> None:
+        """Slots ``slots`` now hold prompt ``sources[j]`` of one prefill (None: only refresh the table): equal
+        sources form a group that shares its prompt in decode. Uploads the chunk table when sharing is on."""
+        if slots is not None:
+            sources = np.asarray(sources)
+            self.slot_group[slots] = self.next_group + sources
+            self.next_group += int(sources.max()) + 1
+        if self.share_chunk:
+            table = shared_prefix_table(self.slot_group, self.share_chunk, SHARED_TABLE_WIDTH)
+            self.state.members.copy_(torch.from_numpy(table))
+
     def _decode_step(self, b: int) -> None:
         s, w, cache = self.state, self.w, self.cache
 
         # M-RoPE models always read the offsets (0 without images), so one captured graph serves every call.
         delta = None if self.w.mrope_section is None else s.rope_delta[:b]
+        shared = (s.members, s.shared_end[:b], self.share_chunk) if self.share_chunk else None
 
         def step():
-            return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b], delta)
+            return decode(w, cache, s.tokens[:b], s.write_pos[:b], s.start[:b], s.slot_ids[:b], delta, shared)
 
-        logits = self.engine.graphs.run(b, step) if self.use_graphs else step()
+        logits = self.engine.graphs.run((b, self.share_chunk), step) if self.use_graphs else step()
         tokens, log_probs = self._sample(logits)
         active = s.live[:b]
         self._record(torch.where(active, s.row[:b], self.rows), s.step[:b], tokens, log_probs)
@@ -323,7 +365,8 @@ class Run:
     def _prefill(self, prompts: list[int], rows: list[int], slots: list[int]) -> None:
         n, device, s = self.params.n, self.device, self.state
         index = {p: i for i, p in enumerate(prompts)}
-        sources = torch.tensor([index[r // n] for r in rows], device=device)
+        source_list = [index[r // n] for r in rows]
+        sources = torch.tensor(source_list, device=device)
         slots_t = torch.tensor(slots, device=device)
         rows_t = torch.tensor(rows, device=device)
         first_col = min(self.pads[p] for p in prompts)
@@ -341,13 +384,14 @@ class Run:
         zeros = torch.zeros_like(rows_t)
         self._record(rows_t, zeros, tokens, log_probs)
         s.tokens[slots_t] = tokens
-        s.write_pos[slots_t] = self.width
+        s.write_pos[slots_t] = s.shared_end[slots_t] = self.width
         s.start[slots_t] = torch.tensor([self.pads[r // n] for r in rows], device=device)
         s.row[slots_t] = rows_t
         s.step[slots_t] = 1
         s.live[slots_t] = ~self._stops(tokens, zeros + 1)
         self.slot_row[slots] = rows
         self.slot_steps[slots] = 1
+        self._share(slots, source_list)
 
     def _compact(self) -> None:
         """Move running rows into the lowest slots when that lowers the decode batch bucket."""
@@ -371,3 +415,6 @@ class Run:
         self.paused[holes] = self.paused[movers]
         self.slot_row[movers] = -1
         self.paused[movers] = False
+        self.slot_group[holes] = self.slot_group[movers]
+        self.slot_group[movers] = -1 - np.asarray(movers)  # its copy is stale: a group of its own
+        self._share()

@@ -298,6 +298,7 @@ class StreamRun(Run):
                 positions)
         s.tokens[slots_t] = self.out_tokens[rows_t, steps_t - 1]
         s.write_pos[slots_t] = self.width + steps_t - 1
+        s.shared_end[slots_t] = self.width
         s.start[slots_t] = torch.tensor([self.pads[r // n] for r in rows], device=device)
         s.row[slots_t] = rows_t
         s.step[slots_t] = steps_t
@@ -305,6 +306,7 @@ class StreamRun(Run):
         self.slot_row[slots] = rows
         self.slot_steps[slots] = steps
         self.epoch_start[rows] = steps
+        self._share(slots, np.arange(len(rows)))  # each prefilled alone: its prompt is shared with no other slot
 
     # ------------------------------------------------------------------ bookkeeping
     def _rows_done(self, rows: list[int]) -> None:

@@ -131,14 +131,15 @@ def _tanh(x):
 
 
 @triton.jit
-def _attention_block(q, k_ptr, v_ptr, col, hi, d, m, total, acc, scale, softcap, D: tl.constexpr, BN: tl.constexpr,
-                     SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
-    """The online softmax over columns ``[col, min(col + BN, hi))`` (at least one of them): the running max
-    ``m``, sum ``total`` and unnormalised output ``acc`` updated."""
+def _attention_block(q, k_ptr, v_ptr, col, hi, first, last, d, m, total, acc, scale, softcap, D: tl.constexpr,
+                     BN: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr):
+    """The online softmax over columns ``[col, min(col + BN, hi))``, query row ``r`` seeing those in
+    ``[first[r], last[r])``: the running max ``m``, sum ``total`` and unnormalised output ``acc`` updated. A row
+    may see none of them (its running max stays -inf and its sums 0)."""
     cols = col + tl.arange(0, BN)
-    seen = cols < hi
-    k = tl.load(k_ptr + cols[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
-    v = tl.load(v_ptr + cols[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
+    inside = cols < hi
+    k = tl.load(k_ptr + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
+    v = tl.load(v_ptr + cols[:, None] * D + d[None, :], mask=inside[:, None], other=0.0)
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
@@ -146,10 +147,12 @@ def _attention_block(q, k_ptr, v_ptr, col, hi, d, m, total, acc, scale, softcap,
     s = s * scale
     if SOFTCAP:
         s = _tanh(s / softcap) * softcap
-    s = tl.where(seen[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the block has a seen column
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m - m_new)
+    seen = (cols[None, :] >= first[:, None]) & (cols[None, :] < last[:, None]) & inside[None, :]
+    s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    base = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: exp(-inf) = 0 below
+    p = tl.exp(s - base[:, None])
+    alpha = tl.exp(m - base)
     total = total * alpha + tl.sum(p, axis=1)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
@@ -158,30 +161,87 @@ def _attention_block(q, k_ptr, v_ptr, col, hi, d, m, total, acc, scale, softcap,
     return m_new, total, acc
 
 
-@triton.jit(do_not_specialize=["window", "splits"])
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, max_len, window,
-                            splits, scale, softcap, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                            GP: tl.constexpr, BN: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
-                            INTERPRETED: tl.constexpr):
-    """One program per (row, kv head, split): the ``G`` query heads that share the kv head attend over the split's
-    share of the row's visible columns ``[first, wpos]`` (``first``: the row's start, or the window's first column)
-    in blocks of ``BN`` columns, with an online softmax in float32. One split writes the output; several write
-    their running max, sum and unnormalised output for ``decode_attention_combine_kernel``. ``splits`` and the
-    window are runtime values: one compiled kernel serves every batch size and layer."""
-    rh = tl.program_id(0).to(tl.int64)  # row * HKV + kv head; row i reads slot i of the cache
-    split = tl.program_id(1)
+@triton.jit
+def _shared_prefix(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, members_ptr, m_ptr, l_ptr, acc_ptr, rh, split,
+                   prefix_splits, splits, rows, max_len, window, scale, softcap, HKV: tl.constexpr, G: tl.constexpr,
+                   D: tl.constexpr, NM: tl.constexpr, NMS: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+                   SOFTCAP: tl.constexpr, IEEE: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The shared prompt of a chunk of rows, read once for all of them: the program of the chunk's first row (its
+    leader, ``members[leader, 0] == leader``) stacks the ``G`` query heads of each of its (up to ``NM``) rows into
+    ``MP`` query rows and attends over its own slot's columns ``[first, shared_end)``, which every member's slot
+    holds an identical copy of. Row ``r`` sees its own range of them (``[start, shared_end)``, cut by its
+    window). Partial softmaxes go to split ``split`` of each member."""
+    leader = rh // HKV
+    h = rh % HKV
+    if tl.load(members_ptr + leader * NMS) == leader:
+        i = tl.arange(0, MP)
+        member = i // G
+        g = i % G
+        mrow = tl.load(members_ptr + leader * NMS + member, mask=member < NM, other=-1).to(tl.int64)
+        ok = (member < NM) & (mrow >= 0) & (mrow < rows)
+        mrow = tl.where(ok, mrow, 0)
+        wpos = tl.load(wpos_ptr + mrow, mask=ok, other=0)
+        first = tl.load(start_ptr + mrow, mask=ok, other=0)
+        if window > 0:
+            first = tl.maximum(first, wpos - window + 1)
+        last = tl.minimum(wpos + 1, tl.load(end_ptr + leader))
+        first = tl.where(ok, first, max_len)
+        last = tl.where(ok, last, 0)
+        lo_all = tl.min(first, axis=0)
+        hi_all = tl.max(last, axis=0)
+        per_split = tl.cdiv(tl.cdiv(tl.maximum(hi_all - lo_all, 0), prefix_splits), BN) * BN
+        lo = lo_all + split * per_split
+        hi = tl.minimum(lo + per_split, hi_all)
+        d = tl.arange(0, D)
+        at = mrow * HKV + h
+        q = tl.load(q_ptr + (at * G + g)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        m = tl.full((MP,), float("-inf"), tl.float32)
+        total = tl.zeros((MP,), tl.float32)
+        acc = tl.zeros((MP, D), tl.float32)
+        k_row = k_ptr + rh * max_len * D
+        v_row = v_ptr + rh * max_len * D
+        if INTERPRETED:
+            col = lo
+            while col < hi:
+                m, total, acc = _attention_block(q, k_row, v_row, col, hi, first, last, d, m, total, acc, scale,
+                                                 softcap, D, BN, SOFTCAP, IEEE)
+                col += BN
+        else:
+            for col in range(lo, hi, BN):
+                m, total, acc = _attention_block(q, k_row, v_row, col, hi, first, last, d, m, total, acc, scale,
+                                                 softcap, D, BN, SOFTCAP, IEEE)
+        out = (at * splits + split) * G + g
+        tl.store(m_ptr + out, m, mask=ok)
+        tl.store(l_ptr + out, total, mask=ok)
+        tl.store(acc_ptr + out[:, None] * D + d[None, :], acc, mask=ok[:, None])
+
+
+@triton.jit
+def _own_columns(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, rh, split,
+                 own_splits, splits, max_len, window, scale, softcap, HKV: tl.constexpr, G: tl.constexpr,
+                 D: tl.constexpr, GP: tl.constexpr, BN: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+                 SHARED: tl.constexpr, INTERPRETED: tl.constexpr):
+    """A row's own columns, split ``split`` of ``own_splits``: the ``G`` query heads that share the kv head attend
+    over the split's share of the row's visible columns ``[first, wpos]`` (``first``: the row's start, or the
+    window's first column; with ``SHARED``, not before its shared prompt's end) in blocks of ``BN`` columns,
+    with an online softmax in float32. A lone split writes the output; otherwise the running max, sum and
+    unnormalised output go to split ``split + splits - own_splits`` of the row."""
     row = rh // HKV
     wpos = tl.load(wpos_ptr + row)
     first = tl.load(start_ptr + row)
     if window > 0:
         first = tl.maximum(first, wpos - window + 1)
+    if SHARED:  # the shared prompt is the leader's; a row that is not running may see its last column twice
+        first = tl.minimum(tl.maximum(first, tl.load(end_ptr + row)), wpos)
     span = wpos + 1 - first
-    per_split = tl.cdiv(tl.cdiv(span, splits), BN) * BN
+    per_split = tl.cdiv(tl.cdiv(span, own_splits), BN) * BN
     lo = first + split * per_split
     hi = tl.minimum(lo + per_split, wpos + 1)
     g = tl.arange(0, GP)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (rh * G + g[:, None]) * D + d[None, :], mask=g[:, None] < G, other=0.0)
+    seen_from = first + tl.zeros((GP,), tl.int64)  # every query head sees the same columns
+    seen_to = wpos + 1 + tl.zeros((GP,), tl.int64)
     m = tl.full((GP,), float("-inf"), tl.float32)
     total = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, D), tl.float32)
@@ -190,22 +250,46 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, o_ptr, m_p
     if INTERPRETED:  # the interpreter cannot take a loaded value as a range() bound; the same blocks, unpipelined
         col = lo
         while col < hi:
-            m, total, acc = _attention_block(q, k_row, v_row, col, hi, d, m, total, acc, scale, softcap, D, BN,
-                                             SOFTCAP, IEEE)
+            m, total, acc = _attention_block(q, k_row, v_row, col, hi, seen_from, seen_to, d, m, total, acc, scale,
+                                             softcap, D, BN, SOFTCAP, IEEE)
             col += BN
     else:
         for col in range(lo, hi, BN):
-            m, total, acc = _attention_block(q, k_row, v_row, col, hi, d, m, total, acc, scale, softcap, D, BN,
-                                             SOFTCAP, IEEE)
+            m, total, acc = _attention_block(q, k_row, v_row, col, hi, seen_from, seen_to, d, m, total, acc, scale,
+                                             softcap, D, BN, SOFTCAP, IEEE)
     rows = g[:, None] < G
     if splits == 1:
         out = acc / total[:, None]
         tl.store(o_ptr + (rh * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=rows)
     else:
-        at = (rh * splits + split) * G + g
+        at = (rh * splits + split + splits - own_splits) * G + g
         tl.store(m_ptr + at, m, mask=g < G)
         tl.store(l_ptr + at, total, mask=g < G)
         tl.store(acc_ptr + at[:, None] * D + d[None, :], acc, mask=rows)
+
+
+@triton.jit(do_not_specialize=["window", "splits", "prefix_splits", "rows"])
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, members_ptr, o_ptr, m_ptr, l_ptr,
+                            acc_ptr, rows, max_len, window, splits, prefix_splits, scale, softcap, HKV: tl.constexpr,
+                            G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, NM: tl.constexpr, NMS: tl.constexpr,
+                            MP: tl.constexpr, BN: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+                            SHARED: tl.constexpr, INTERPRETED: tl.constexpr):
+    """One program per (row, kv head, split). Without ``SHARED`` every split reads a share of the row's own
+    visible columns (``_own_columns``). With it, the first ``prefix_splits`` splits read the shared prompts
+    (``_shared_prefix``: the programs of chunk leaders work, the others return at once) and the rest each row's
+    columns after its shared prompt. ``splits``, ``prefix_splits``, ``rows`` and the window are runtime values:
+    one compiled kernel serves every batch size and layer."""
+    rh = tl.program_id(0).to(tl.int64)  # row * HKV + kv head; row i reads slot i of the cache
+    split = tl.program_id(1)
+    if split < prefix_splits:
+        if SHARED:
+            _shared_prefix(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, members_ptr, m_ptr, l_ptr, acc_ptr, rh,
+                           split, prefix_splits, splits, rows, max_len, window, scale, softcap, HKV, G, D, NM, NMS,
+                           MP, BN, SOFTCAP, IEEE, INTERPRETED)
+    else:
+        _own_columns(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, o_ptr, m_ptr, l_ptr, acc_ptr, rh,
+                     split - prefix_splits, splits - prefix_splits, splits, max_len, window, scale, softcap, HKV, G,
+                     D, GP, BN, SOFTCAP, IEEE, SHARED, INTERPRETED)
 
 
 @triton.jit(do_not_specialize=["splits"])

@@ -111,9 +111,23 @@ def decode_attention_supported(head_dim: int, groups: int, dtype: torch.dtype) -
             and groups <= 64)
 
 
+SHARED_TABLE_WIDTH = 64  # columns of the chunk table (``SlotState.members``): the most rows a chunk may hold
+
+
+def shared_prefix_chunk(n: int, groups: int, head_dim: int) -> int:
+    """How many rows that share a prompt one program of :func:`decode_attention` serves (0: no sharing): up to the
+    ``n`` samples of a prompt, as long as their stacked query heads (``chunk * groups`` rows) stay within 64 and
+    the tile of outputs within 64 x 256 floats."""
+    if n < 2:
+        return 0
+    chunk = min(n, 64 // groups, 16384 // (head_dim * groups), SHARED_TABLE_WIDTH)
+    return chunk if chunk >= 2 else 0
+
+
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor,
                      write_pos: torch.Tensor, window: int | None, scale: float | None, softcap: float | None,
-                     splits: int | None = None) -> torch.Tensor:
+                     splits: int | None = None, shared: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+                     prefix_splits: int | None = None) -> torch.Tensor:
     """One decode step's attention, fused: ``q (b, Hkv, G, D)`` (the ``G`` query heads of each kv head) over the
     cache ``keys``/``values`` ``(slots, Hkv, max_len, D)``, row ``i`` reading slot ``i`` at columns
     ``[start[i], write_pos[i]]`` (with ``window``: only the last ``window`` of them). Scores are ``q.k * scale``
@@ -123,32 +137,51 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     Only the visible columns are read (the torch path reads all ``max_len`` and masks). A row's columns are cut
     into ``splits`` parts attended in parallel and combined (flash-decoding), chosen so that the grid fills the
     GPU (at most ``MAX_SPLITS``); the grid depends only on ``b`` and the cache's shape, so a CUDA graph captures
-    it. The split count and the window are runtime arguments: one compile serves every batch-size bucket."""
+    it. The split count and the window are runtime arguments: one compile serves every batch-size bucket.
+
+    ``shared = (members, shared_end, chunk)``: rows whose slots hold identical keys and values up to column
+    ``shared_end[i]`` (the ``n`` samples of a prompt prefilled together) read those columns once per chunk of
+    them instead of once per row. ``members (slots, SHARED_TABLE_WIDTH)`` int32 lists each chunk's rows in its
+    first row's entry (that row first; -1 pads it) and holds -1 in the first column of every other row; a chunk
+    has at most ``chunk`` rows (:func:`shared_prefix_chunk`) and its rows' starts equal. The shared columns are
+    cut into ``prefix_splits`` parts, the rest of each row into ``splits``."""
     b, hkv, groups, head_dim = q.shape
     assert keys.is_contiguous() and values.is_contiguous() and keys.shape[1] == hkv and keys.shape[3] == head_dim
     q = q.contiguous()
     max_len = keys.shape[2]
     block = 64 if head_dim <= 128 else 32
+    programs = 2 * _multiprocessors(q.device) if q.is_cuda else 1
+    most = _cdiv(max_len, 4 * block)
     if splits is None:
-        programs = 2 * _multiprocessors(q.device) if q.is_cuda else 1
-        splits = min(_cdiv(programs, max(1, b * hkv)), _cdiv(max_len, 4 * block))
-    splits = max(1, min(int(splits), MAX_SPLITS))
+        splits = min(_cdiv(programs, max(1, b * hkv)), most)
+    if shared is None:
+        members = end = start
+        chunk, prefix_splits = 1, 0
+    else:
+        members, end, chunk = shared
+        assert members.dtype == torch.int32 and members.shape[1] == SHARED_TABLE_WIDTH and 2 <= chunk <= members.shape[1]
+        if prefix_splits is None:
+            prefix_splits = min(_cdiv(programs, _cdiv(b, chunk) * hkv), most)
+        prefix_splits = max(1, min(int(prefix_splits), MAX_SPLITS - 1))
+    splits = max(1, min(int(splits), MAX_SPLITS - prefix_splits))
+    total_splits = splits + prefix_splits
     out = torch.empty_like(q)
-    if splits > 1:
-        m = torch.empty(b, hkv, splits, groups, dtype=torch.float32, device=q.device)
+    if total_splits > 1:
+        m = torch.empty(b, hkv, total_splits, groups, dtype=torch.float32, device=q.device)
         total = torch.empty_like(m)
-        acc = torch.empty(b, hkv, splits, groups, head_dim, dtype=torch.float32, device=q.device)
+        acc = torch.empty(b, hkv, total_splits, groups, head_dim, dtype=torch.float32, device=q.device)
     else:
         m = total = acc = out
     kernels = _kernels()
-    kernels.decode_attention_kernel[(b * hkv, splits)](
-        q, keys, values, start, write_pos, out, m, total, acc, max_len, int(window or 0), splits,
-        float(head_dim ** -0.5 if scale is None else scale),
-        float(softcap or 1.0), HKV=hkv, G=groups, D=head_dim, GP=max(16, _next_pow2(groups)), BN=block,
-        SOFTCAP=softcap is not None, IEEE=q.dtype == torch.float32,
+    kernels.decode_attention_kernel[(b * hkv, total_splits)](
+        q, keys, values, start, write_pos, end, members, out, m, total, acc, b, max_len, int(window or 0),
+        total_splits, prefix_splits, float(head_dim ** -0.5 if scale is None else scale), float(softcap or 1.0),
+        HKV=hkv, G=groups, D=head_dim, GP=max(16, _next_pow2(groups)), NM=chunk, NMS=SHARED_TABLE_WIDTH,
+        MP=max(16, _next_pow2(chunk * groups)), BN=block, SOFTCAP=softcap is not None,
+        IEEE=q.dtype == torch.float32, SHARED=shared is not None,
         INTERPRETED=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
-    if splits > 1:
-        kernels.decode_attention_combine_kernel[(b * hkv * groups,)](m, total, acc, out, splits, G=groups,
+    if total_splits > 1:
+        kernels.decode_attention_combine_kernel[(b * hkv * groups,)](m, total, acc, out, total_splits, G=groups,
                                                                     D=head_dim, SP=MAX_SPLITS, num_warps=4)
     return out
 
