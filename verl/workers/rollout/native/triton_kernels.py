@@ -162,6 +162,27 @@ def _attention_block(q, k_ptr, v_ptr, col, hi, first, last, d, m, total, acc, sc
 
 
 @triton.jit
+def _attend_columns(q, k_row, v_row, lo, hi, first, last, d, scale, softcap, R: tl.constexpr, D: tl.constexpr,
+                    BN: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The ``R`` query rows ``q`` over columns ``[lo, hi)`` of one slot's keys and values (row ``r`` seeing
+    ``[first[r], last[r])`` of them) in blocks of ``BN``: their running max, sum and unnormalised output."""
+    m = tl.full((R,), float("-inf"), tl.float32)
+    total = tl.zeros((R,), tl.float32)
+    acc = tl.zeros((R, D), tl.float32)
+    if INTERPRETED:  # the interpreter cannot take a loaded value as a range() bound; the same blocks, unpipelined
+        col = lo
+        while col < hi:
+            m, total, acc = _attention_block(q, k_row, v_row, col, hi, first, last, d, m, total, acc, scale, softcap,
+                                             D, BN, SOFTCAP, IEEE)
+            col += BN
+    else:
+        for col in range(lo, hi, BN):
+            m, total, acc = _attention_block(q, k_row, v_row, col, hi, first, last, d, m, total, acc, scale, softcap,
+                                             D, BN, SOFTCAP, IEEE)
+    return m, total, acc
+
+
+@triton.jit
 def _shared_prefix(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, members_ptr, m_ptr, l_ptr, acc_ptr, rh, split,
                    prefix_splits, splits, rows, max_len, window, scale, softcap, HKV: tl.constexpr, G: tl.constexpr,
                    D: tl.constexpr, NM: tl.constexpr, NMS: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
@@ -195,21 +216,8 @@ def _shared_prefix(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, members_pt
         d = tl.arange(0, D)
         at = mrow * HKV + h
         q = tl.load(q_ptr + (at * G + g)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-        m = tl.full((MP,), float("-inf"), tl.float32)
-        total = tl.zeros((MP,), tl.float32)
-        acc = tl.zeros((MP, D), tl.float32)
-        k_row = k_ptr + rh * max_len * D
-        v_row = v_ptr + rh * max_len * D
-        if INTERPRETED:
-            col = lo
-            while col < hi:
-                m, total, acc = _attention_block(q, k_row, v_row, col, hi, first, last, d, m, total, acc, scale,
-                                                 softcap, D, BN, SOFTCAP, IEEE)
-                col += BN
-        else:
-            for col in range(lo, hi, BN):
-                m, total, acc = _attention_block(q, k_row, v_row, col, hi, first, last, d, m, total, acc, scale,
-                                                 softcap, D, BN, SOFTCAP, IEEE)
+        m, total, acc = _attend_columns(q, k_ptr + rh * max_len * D, v_ptr + rh * max_len * D, lo, hi, first, last, d,
+                                        scale, softcap, MP, D, BN, SOFTCAP, IEEE, INTERPRETED)
         out = (at * splits + split) * G + g
         tl.store(m_ptr + out, m, mask=ok)
         tl.store(l_ptr + out, total, mask=ok)
@@ -242,21 +250,8 @@ def _own_columns(q_ptr, k_ptr, v_ptr, start_ptr, wpos_ptr, end_ptr, o_ptr, m_ptr
     q = tl.load(q_ptr + (rh * G + g[:, None]) * D + d[None, :], mask=g[:, None] < G, other=0.0)
     seen_from = first + tl.zeros((GP,), tl.int64)  # every query head sees the same columns
     seen_to = wpos + 1 + tl.zeros((GP,), tl.int64)
-    m = tl.full((GP,), float("-inf"), tl.float32)
-    total = tl.zeros((GP,), tl.float32)
-    acc = tl.zeros((GP, D), tl.float32)
-    k_row = k_ptr + rh * max_len * D
-    v_row = v_ptr + rh * max_len * D
-    if INTERPRETED:  # the interpreter cannot take a loaded value as a range() bound; the same blocks, unpipelined
-        col = lo
-        while col < hi:
-            m, total, acc = _attention_block(q, k_row, v_row, col, hi, seen_from, seen_to, d, m, total, acc, scale,
-                                             softcap, D, BN, SOFTCAP, IEEE)
-            col += BN
-    else:
-        for col in range(lo, hi, BN):
-            m, total, acc = _attention_block(q, k_row, v_row, col, hi, seen_from, seen_to, d, m, total, acc, scale,
-                                             softcap, D, BN, SOFTCAP, IEEE)
+    m, total, acc = _attend_columns(q, k_ptr + rh * max_len * D, v_ptr + rh * max_len * D, lo, hi, seen_from, seen_to,
+                                    d, scale, softcap, GP, D, BN, SOFTCAP, IEEE, INTERPRETED)
     rows = g[:, None] < G
     if splits == 1:
         out = acc / total[:, None]
