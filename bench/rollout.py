@@ -14,7 +14,8 @@ Shapes (``--shape``), random bf16 weights built on the GPU:
   attention.
 
 Prompts of 384 random tokens, 256 response tokens at fixed length (no eos), pure sampling (temperature 1, top_k 0,
-top_p 1) for both engines, plus ours with top_k 50 / top_p 0.9 and ours without CUDA graphs.
+top_p 1) for both engines, plus ours with top_k 50 / top_p 0.9 and ours without CUDA graphs, and for the
+n=8 case ours with each row reading its own copy of its prompt (the decode attention shares it otherwise).
 
     python3 bench/rollout.py --json results.json                     # on the GPU machine
     python3 bench/rollout.py --shape qwen3-moe --json moe.json
@@ -181,7 +182,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny model on CPU: checks the script runs")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--profile", action="store_true", help="print the top kernels of 16 eager steps at batch 256")
+    parser.add_argument("--profile", action="store_true", help="print the top kernels of 16 eager steps")
+    parser.add_argument("--profile-batch", type=int, default=256, help="the batch --profile generates for")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b", help="the model architecture")
     args = parser.parse_args(argv)
@@ -271,7 +273,7 @@ def main(argv=None) -> None:
               f"{c.get('hf_peak_gib', float('nan')):.2f} | {c['roofline_decode_tok_s']:.0f} | "
               f"{c['roofline_fraction_total']:.2f} / {c.get('roofline_fraction_decode', float('nan')):.2f} |")
     if args.profile and device == "cuda":
-        profile_decode(model, make_prompts(256, prompt_len, vocab, device, seed=2), device)
+        profile_decode(model, make_prompts(args.profile_batch, prompt_len, vocab, device, seed=2), device)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(info, f, indent=1, default=str)
