@@ -8,7 +8,8 @@ with a column range per row (on CUDA a fused kernel that reads only that range; 
 length mask): no page table, no gather, and shapes that CUDA graphs can capture once per batch-size
 bucket. Pages would pay off for prefix sharing across calls or for
 very uneven lengths; here the ``n`` samples of a prompt share its prefill (computed once, copied
-into ``n`` slots) instead.
+into ``n`` slots), and the fused decode attention reads the copy of one of them for all (see
+``triton_ops.decode_attention``'s ``shared``): the other copies cost memory, not bandwidth.
 
 Layout: ``k``/``v`` are ``(layers, slots, kv_heads, max_len, head_dim)``. A sequence keeps the
 padded column layout of its prompt (the prompt's real tokens end at column ``P - 1``), so no

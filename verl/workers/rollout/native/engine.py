@@ -9,7 +9,9 @@ One call of :meth:`NativeRollout.generate_sequences`:
    ``max_num_seqs`` slots and one per output row);
 3. loop: admit waiting rows into free slots (prefill of their prompts in chunks of at most
    ``max_num_batched_tokens`` tokens, each prompt once, its keys/values copied into the slots of its
-   samples, first token sampled), then decode all running slots ``[0, b)`` several steps at a time.
+   samples, first token sampled), then decode all running slots ``[0, b)`` several steps at a time
+   (on CUDA the decode attention reads a prompt's keys/values once for the samples prefilled with it,
+   in chunks the scheduler keeps through refills and packing: ``Run.share_chunk``).
    The host reads which rows stopped (one device sync) every ``sync_every`` steps while rows wait, to
    refill freed slots; every ``4 * sync_every`` when none wait but rows can stop at eos, to pack the
    running rows into low slots so that ``b`` shrinks; otherwise only when the shortest remaining
