@@ -117,10 +117,11 @@ SHARED_TABLE_WIDTH = 64  # columns of the chunk table (``SlotState.members``): t
 def shared_prefix_chunk(n: int, groups: int, head_dim: int) -> int:
     """How many rows that share a prompt one program of :func:`decode_attention` serves (0: no sharing): up to the
     ``n`` samples of a prompt, as long as their stacked query heads (``chunk * groups`` rows) stay within 64 and
-    the tile of outputs within 64 x 256 floats."""
+    the float32 tile of their outputs within 8192 values (32 KiB, as much as the queries' and the keys' tiles
+    together: more would spill registers)."""
     if n < 2:
         return 0
-    chunk = min(n, 64 // groups, 16384 // (head_dim * groups), SHARED_TABLE_WIDTH)
+    chunk = min(n, 64 // groups, 8192 // (head_dim * groups), SHARED_TABLE_WIDTH)
     return chunk if chunk >= 2 else 0
 
 
