@@ -67,6 +67,8 @@ def test_rope_index_matches_the_model_own_positions(vlm_dir):
 
 
 def test_packed_logprobs_equal_padded_with_images(vlm_dir):
+    """Log-probs of rows with images: packed equal padded, and both equal the model's own forward from the pixels
+    (our forward hands the model embeddings with the features in place, whatever transformers version)."""
     processor = load_processor(vlm_dir)
     padded_model = load_causal_lm(vlm_dir).eval()
     packed_model = load_causal_lm(vlm_dir, remove_padding=True).eval()
@@ -78,7 +80,13 @@ def test_packed_logprobs_equal_padded_with_images(vlm_dir):
         packed, packed_entropy = forward_logprobs(packed_model, input_ids, mask, positions, response_length,
                                                   remove_padding=True, multi_modal_inputs=multi_modal)
         blind, _ = forward_logprobs(padded_model, input_ids, mask, positions, response_length)
+        # transformers' own path: the model encodes the pixels itself and places their features.
+        logits = padded_model(input_ids=input_ids, attention_mask=mask, position_ids=positions.transpose(0, 1),
+                              pixel_values=multi_modal["pixel_values"],
+                              image_grid_thw=multi_modal["image_grid_thw"]).logits[:, -response_length - 1:-1]
+        own = torch.log_softmax(logits, -1).gather(-1, input_ids[:, -response_length:, None]).squeeze(-1)
     valid = mask[:, -response_length:].bool()
+    torch.testing.assert_close(padded[valid], own[valid], rtol=0, atol=1e-5)
     torch.testing.assert_close(packed[valid], padded[valid], rtol=0, atol=1e-5)
     torch.testing.assert_close(packed_entropy[valid], padded_entropy[valid], rtol=0, atol=1e-5)
     assert (packed[~valid] == 0).all()

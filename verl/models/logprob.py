@@ -138,22 +138,37 @@ def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, 
     ``multi_modal``: a vision-language model's image inputs of these rows (``pixel_values``, ``image_grid_thw``;
     see :mod:`verl.models.vision`), with M-RoPE ``position_ids`` (B, 3, T)."""
     backbone = getattr(model, model.base_model_prefix)
-    if multi_modal:
-        # The vision encoder runs on its own, once per micro-batch: in a packed forward the language model's
-        # sequence boundaries (cu_seq_lens_*) would otherwise reach the vision tower's attention as well.
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
+    batch = None
+    if packed:
+        from verl.models.packed import pack
 
-        image = BaseModelOutputWithPooling(pooler_output=encoded_images(model, multi_modal))
-        kwargs["mm_encoder_outputs"] = {"image": image}
-    if not packed:
+        batch = pack(input_ids, attention_mask, position_ids)
+        inputs = batch.model_kwargs()
+    else:
         if position_ids.dim() == 3:  # M-RoPE: the batch holds (B, 3, T), the model takes (3, B, T)
             position_ids = position_ids.transpose(0, 1)
-        return backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False, **kwargs), None
-    from verl.models.packed import pack
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    if multi_modal:
+        # The vision encoder runs on its own, once per micro-batch (in a packed forward the language model's
+        # sequence boundaries would otherwise reach the vision tower's attention as well), and its features
+        # replace the image placeholders' embeddings: the model gets embeddings, not pixels (every transformers
+        # version takes them; its own argument for precomputed features came late).
+        inputs["inputs_embeds"] = embed_with_features(model, inputs.pop("input_ids"), encoded_images(model, multi_modal))
+    return backbone(**inputs, use_cache=False, **kwargs), batch
 
-    batch = pack(input_ids, attention_mask, position_ids)
-    return backbone(**batch.model_kwargs(), use_cache=False, **kwargs), batch
+
+def embed_with_features(model, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The token embeddings of ``input_ids`` with the image ``features`` (one ``(tokens, hidden)`` tensor per image,
+    in row order) in place of the image placeholder tokens, in row-major order, as transformers' Qwen2-VL models
+    scatter them."""
+    embeds = model.get_input_embeddings()(input_ids)
+    places = input_ids == model.config.image_token_id
+    features = torch.cat(features) if features else embeds.new_zeros(0, embeds.shape[-1])
+    if int(places.sum()) != features.shape[0]:
+        raise ValueError(f"the batch holds {int(places.sum())} image tokens but its images encode to "
+                         f"{features.shape[0]}: each image's placeholder must be expanded to its grid's merged "
+                         "patches, as verl's RL dataset does with the model's processor")
+    return embeds.masked_scatter(places[..., None], features.to(embeds.dtype))
 
 
 def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool, multi_modal: dict | None = None):
