@@ -96,11 +96,14 @@ def load_processor(path: str, *, config_key: str = "actor_rollout_ref.model.path
                    tokenizer=None) -> VisionProcessor | None:
     """The :class:`VisionProcessor` of the model at ``path``, or None for a text-only model. ``tokenizer``: the one
     already loaded (else the folder's)."""
-    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     if not is_vision_language(config):
         return None
+    # Only now: importing the image processors takes seconds (torchvision where installed), a text model's run none.
+    from transformers import AutoImageProcessor, AutoTokenizer
+
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "preprocessor_config.json")):
         raise FileNotFoundError(f"{config_key}={path!r} is a vision-language model ({config.model_type}) but the "
                                 "folder has no preprocessor_config.json (its image processor); copy it from the "

@@ -23,16 +23,18 @@ def watch_shared_prompts(monkeypatch, chunk: int) -> dict:
     real_step, real_prefill, real_compact = scheduler.Run._decode_step, scheduler.Run._prefill, scheduler.Run._compact
     real_prefill_suspended = stream.StreamRun._prefill_suspended
     prefilled_by: dict[int, int] = {}  # row -> the prefill call that admitted it
+    calls = [0]
     moved = [False]
 
     def prefill(run, prompts, rows, slots):
-        call = len(set(prefilled_by.values())) + 1
-        prefilled_by.update({row: call for row in rows})
+        calls[0] += 1
+        prefilled_by.update({row: calls[0] for row in rows})
         real_prefill(run, prompts, rows, slots)
 
     def prefill_suspended(run, rows, slots):  # each row alone: prompt and its own generated tokens
         for row in rows:
-            prefilled_by[row] = len(set(prefilled_by.values())) + 1
+            calls[0] += 1
+            prefilled_by[row] = calls[0]
         real_prefill_suspended(run, rows, slots)
 
     def compact(run):

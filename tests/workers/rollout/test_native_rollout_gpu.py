@@ -190,10 +190,12 @@ def test_triton_decode_attention_matches_torch(shape):
 @pytest.mark.parametrize("shape", ["qwen25", "gemma2"])
 @torch.no_grad()
 def test_triton_decode_attention_shared_prompts_on_cuda(shape):
-    """The shared-prompt decode attention in bf16: 45 rows, most in groups of 8 samples of a prompt (chunks as the
-    scheduler builds them), some alone, against the fp32 result from each row's intact copy, after every copy but
-    each chunk's first was overwritten with noise. As close as the bf16 torch path, with the splits the wrapper
-    picks and forced ones; Gemma 2 with its soft-cap and a window that hides part of some prompts."""
+    """The shared-prompt decode attention in bf16, compiled (loops over loaded column bounds, up to 64 stacked query
+    heads): 45 rows of 48 slots in groups of 5 and 11 (chunks of 8 and 3), one group cut by the batch (its leader
+    and a member below it, a member past it), rows alone, and a row that is not running (zeroed state). Against
+    the fp32 result from each row's intact copy, after every copy but each chunk's first was overwritten with
+    noise, with NaN-filled partial buffers: as close as the bf16 torch path, with the splits the wrapper picks and
+    forced ones; Gemma 2 with its soft-cap and a window that hides part of some prompts."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -208,15 +210,22 @@ def test_triton_decode_attention_shared_prompts_on_cuda(shape):
     assert chunk == 8
     g = torch.Generator(device="cuda").manual_seed(1)
     b, slots, max_len, width = 45, 48, 700, 384
-    slot_group = np.array([i // 8 if i < 40 else -1 - i for i in range(slots)])
+    slot_group = -1 - np.arange(slots)
+    slot_group[:5] = 0
+    slot_group[5:16] = 1
+    slot_group[[20, 30, 44, 46]] = 2
+    zeroed = 17
     q = torch.randn(b, hkv, groups, head_dim, device="cuda", generator=g).bfloat16()
     keys = torch.randn(slots, hkv, max_len, head_dim, device="cuda", generator=g).bfloat16()
     values = torch.randn_like(keys)
     group_start = torch.randint(0, 200, (slots,), device="cuda", generator=g)
-    start = torch.tensor([int(group_start[grp]) if grp >= 0 else int(group_start[i])
-                          for i, grp in enumerate(slot_group)], device="cuda")[:b]
-    write_pos = width + torch.randint(0, max_len - width, (b,), device="cuda", generator=g)
+    start = torch.stack([group_start[grp] if grp >= 0 else group_start[i] for i, grp in enumerate(slot_group)])
+    write_pos = width + torch.randint(0, max_len - width, (slots,), device="cuda", generator=g)
+    end = torch.full((slots,), width, device="cuda")
+    start[zeroed] = write_pos[zeroed] = end[zeroed] = 0
+    start, write_pos, end = start[:b], write_pos[:b], end[:b]
     table = shared_prefix_table(slot_group, chunk, triton_ops.SHARED_TABLE_WIDTH)
+    assert sorted(len(t[t >= 0]) for t in table if t[0] >= 0 and len(t[t >= 0]) > 1) == [3, 4, 5, 8]
     for leader in np.flatnonzero(table[:, 0] >= 0):
         for member in table[leader][table[leader] >= 0]:
             keys[member, :, :width] = keys[leader, :, :width]
@@ -235,15 +244,28 @@ def test_triton_decode_attention_shared_prompts_on_cuda(shape):
             if member != leader:
                 keys[member, :, :width] = torch.randn_like(keys[member, :, :width]) * 4
                 values[member, :, :width] = torch.randn_like(values[member, :, :width]) * 4
-    shared = (torch.from_numpy(table).cuda(), torch.full((b,), width, device="cuda"), chunk)
-    for window in windows:
-        exact, torch_err = wants[window]
-        for prefix_splits, splits in ((None, None), (1, 1), (3, 2)):
-            got = triton_ops.decode_attention(q, keys, values, start, write_pos, window, scale, softcap,
-                                              splits=splits, shared=shared, prefix_splits=prefix_splits)
-            err = (got.float() - exact).abs().max().item()
-            print(f"{shape} window {window} splits {prefix_splits}/{splits}: max |diff| {err:.2e} (torch {torch_err:.2e})")
-            assert got.dtype == torch.bfloat16 and err <= max(torch_err, 1e-2), (window, splits, err, torch_err)
+    shared = (torch.from_numpy(table).cuda(), end, chunk)
+    running = torch.arange(b, device="cuda") != zeroed
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def nan_filled(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    try:  # a partial softmax or an output that no program writes stays NaN
+        torch.empty = lambda *a, **k: nan_filled(empty(*a, **k))
+        torch.empty_like = lambda *a, **k: nan_filled(empty_like(*a, **k))
+        for window in windows:
+            exact, torch_err = wants[window]
+            for prefix_splits, splits in ((None, None), (1, 1), (3, 2)):
+                got = triton_ops.decode_attention(q, keys, values, start, write_pos, window, scale, softcap,
+                                                  splits=splits, shared=shared, prefix_splits=prefix_splits)
+                err = (got.float() - exact)[running].abs().max().item()
+                print(f"{shape} window {window} splits {prefix_splits}/{splits}: max |diff| {err:.2e} "
+                      f"(torch {torch_err:.2e})")
+                assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+                assert err <= max(torch_err, 1e-2), (window, splits, err, torch_err)
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
 
 
 def reference_keep_from(logits, temperature, top_k, top_p):

@@ -144,8 +144,9 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     ``shared_end[i]`` (the ``n`` samples of a prompt prefilled together) read those columns once per chunk of
     them instead of once per row. ``members (slots, SHARED_TABLE_WIDTH)`` int32 lists each chunk's rows in its
     first row's entry (that row first; -1 pads it) and holds -1 in the first column of every other row; a chunk
-    has at most ``chunk`` rows (:func:`shared_prefix_chunk`) and its rows' starts equal. The shared columns are
-    cut into ``prefix_splits`` parts, the rest of each row into ``splits``."""
+    has at most ``chunk`` rows (:func:`shared_prefix_chunk`), each seeing its own range of the shared columns
+    (from its start or its window). The shared columns are cut into ``prefix_splits`` parts, the rest of each row
+    into ``splits``."""
     b, hkv, groups, head_dim = q.shape
     assert keys.is_contiguous() and values.is_contiguous() and keys.shape[1] == hkv and keys.shape[3] == head_dim
     q = q.contiguous()
