@@ -177,6 +177,36 @@ def test_compiled_layers_stay_eager_when_called_with_a_kv_cache(monkeypatch):
     assert forward(1, cache=object()) == 1 and forward(1, past_key_values=object()) == 1
 
 
+def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
+    """A decoder layer compiles once per grad mode (a no-grad log-prob pass, then a training pass): two AOT
+    autograd compiles, no third one aborted and restarted over a float (which no cache would keep, so every warm
+    start paid for it again). AOT autograd without Inductor, to stay fast on a CPU."""
+    import functools
+
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from verl.workers.engine import fsdp as fsdp_module
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float", torch._dynamo.config.specialize_float)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                                         num_attention_heads=4, num_key_value_heads=2,
+                                                         intermediate_size=64))
+    assert fsdp_module.compile_decoder_layers(model)
+    ids = torch.randint(0, 300, (2, 24))
+    mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
+    with torch.no_grad():
+        forward_logprobs(model, ids, mask, positions, 8)
+    log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
+    log_probs.sum().backward()
+    assert dict(counters["aot_autograd"]) == {"total": 2, "ok": 2}
+    torch._dynamo.reset()
+
+
 def test_compile_leaves_a_vision_towers_blocks_eager(monkeypatch, tiny_tokenizer_dir, tmp_path):
     """use_torch_compile on Qwen2.5-VL compiles the language model's layers only: the vision blocks' windowed
     attention breaks the graph on a ``.tolist()``, and each new set of image sizes would compile again."""

@@ -82,6 +82,10 @@ def compile_decoder_layers(model: torch.nn.Module) -> bool:
     # Layers share one code object; a generous cache keeps recompiles for new shapes/flags from
     # falling back to eager.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(layers), 64)
+    # Floats (the norms' epsilon, the attention scale) as constants: traced as symbolic floats, AOT autograd gives
+    # up on them and dynamo restarts the frame's analysis after a whole trace, in every process, and the aborted
+    # attempt is never cached (a warm start paid it each time). The layers share these values: no recompiles.
+    torch._dynamo.config.specialize_float = True
     # A graph the compiler cannot build (a missing toolchain, an op it does not know) runs eager, with a
     # warning, instead of failing the step.
     torch._dynamo.config.suppress_errors = True
