@@ -158,17 +158,24 @@ def _run_backbone(model, input_ids, attention_mask, position_ids, packed: bool, 
 
 
 def embed_with_features(model, input_ids: torch.Tensor, features: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """The token embeddings of ``input_ids`` with the image ``features`` (one ``(tokens, hidden)`` tensor per image,
-    in row order) in place of the image placeholder tokens, in row-major order, as transformers' Qwen2-VL models
-    scatter them."""
+    """The model's token embeddings of ``input_ids`` with the image ``features`` (one ``(tokens, hidden)`` tensor
+    per image, in row order) in place of the image placeholder tokens (:func:`place_image_features`)."""
     embeds = model.get_input_embeddings()(input_ids)
-    places = input_ids == model.config.image_token_id
-    features = torch.cat(features) if features else embeds.new_zeros(0, embeds.shape[-1])
-    if int(places.sum()) != features.shape[0]:
-        raise ValueError(f"the batch holds {int(places.sum())} image tokens but its images encode to "
-                         f"{features.shape[0]}: each image's placeholder must be expanded to its grid's merged "
-                         "patches, as verl's RL dataset does with the model's processor")
-    return embeds.masked_scatter(places[..., None], features.to(embeds.dtype))
+    return place_image_features(embeds, input_ids, model.config.image_token_id, torch.cat(features) if features else None)
+
+
+def place_image_features(embeds: torch.Tensor, input_ids: torch.Tensor, image_token_id: int,
+                         features: torch.Tensor | None) -> torch.Tensor:
+    """``embeds`` (..., H) of ``input_ids`` with the image features ``(tokens, H)`` (None: no image) in place of the
+    image placeholder tokens, in row-major order, as transformers' Qwen2-VL models scatter them. The trainer's
+    forward and the native rollout's prefill both place them here."""
+    places = input_ids == image_token_id
+    count, encoded = int(places.sum()), 0 if features is None else features.shape[0]
+    if count != encoded:
+        raise ValueError(f"the prompts hold {count} image tokens but their images encode to {encoded}: each "
+                         "image's placeholder must be expanded to its grid's merged patches, as verl's RL dataset "
+                         "does with the model's processor")
+    return embeds.masked_scatter(places[..., None], features.to(embeds.dtype)) if count else embeds
 
 
 def backbone_hidden(model, input_ids, attention_mask, position_ids, packed: bool, multi_modal: dict | None = None):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from verl.models.logprob import place_image_features
 from verl.workers.rollout.native import triton_ops
 from verl.workers.rollout.native.weights import (SUPPORTED_MODEL_TYPES, DecoderWeights, LayerWeights,
                                                  UnsupportedModelError)
@@ -59,17 +60,8 @@ def _embed(w: DecoderWeights, tokens: torch.Tensor) -> torch.Tensor:
 
 def embed_with_images(w: DecoderWeights, input_ids: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
     """Token embeddings ``(B, T, H)`` with the image features ``(tokens, H)`` in place of the image placeholder
-    tokens, in row-major order (as transformers' Qwen2-VL scatters them)."""
-    x = _embed(w, input_ids)
-    places = input_ids == w.image_token_id
-    count = int(places.sum())
-    if count != (0 if features is None else features.shape[0]):
-        raise ValueError(f"the prompts hold {count} image tokens but their images encode to "
-                         f"{0 if features is None else features.shape[0]}: each image's placeholder must be expanded "
-                         "to its grid's merged patches, as verl's RL dataset does with the model's processor")
-    if count:
-        x = x.masked_scatter(places[..., None], features.to(x.dtype))
-    return x
+    tokens (:func:`verl.models.logprob.place_image_features`)."""
+    return place_image_features(_embed(w, input_ids), input_ids, w.image_token_id, features)
 
 
 def _logits(w: DecoderWeights, x: torch.Tensor) -> torch.Tensor:
