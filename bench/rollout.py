@@ -256,7 +256,7 @@ def main(argv=None) -> None:
             case["ours_unshared_tok_s"] = tokens / seconds
             case["ours_unshared_decode_ms_per_step"] = step_ms
             print(f"{label}: ours without shared prompts {tokens / seconds:.0f} tok/s, decode {step_ms:.2f} ms per "
-                  f"step (shared, chunks of {stats.get('shared_prompt_chunk')}: "
+                  f"step (shared, chunks of {stats['shared_prompt_chunk']}: "
                   f"{1000 * stats['decode_s'] / max(stats['decode_steps'], 1):.2f})", flush=True)
         if "hf_tok_s" in case:
             case["ratio"] = case["ours_tok_s"] / case["hf_tok_s"]
