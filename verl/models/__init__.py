@@ -1,5 +1,9 @@
 """Layer 3: loading Hugging Face models and computing log-probs/entropy without full fp32 logits."""
 
+from verl.models.versions import require_transformers
+
+require_transformers()  # before any model code runs: an older transformers fails in ways that do not say why
+
 from verl.models.loader import load_causal_lm, load_hf_config, load_tokenizer, load_value_model, resolve_dtype
 from verl.models.logprob import (
     forward_logprobs,
