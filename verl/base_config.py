@@ -64,9 +64,49 @@ def yaml_defaults(config_name: str = "ppo_trainer") -> dict:
     return _resolved_yaml(config_name)
 
 
+@functools.cache
+def _unresolved_yaml(config_name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(_yaml(config_name), resolve=False)
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _covers(values: Any, section: Any) -> bool:
+    """Whether setting ``values`` over the yaml's ``section`` leaves nothing of the yaml: every key of the section
+    is given (a group's keys too, recursively), and every given value is plain data (str/int/float/bool/None,
+    lists, dicts with str keys) with no ``${...}``, which OmegaConf would keep as it is."""
+    if type(values) is not dict or not all(isinstance(k, str) for k in values):
+        return False
+    if isinstance(section, Mapping) and any(
+            k not in values or (isinstance(v, Mapping) and v and not _covers(values[k], v)) for k, v in section.items()):
+        return False
+    return all(_is_plain(v) for v in values.values())
+
+
+def _is_plain(value: Any) -> bool:
+    if type(value) is dict:
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if type(value) is list:
+        return all(_is_plain(v) for v in value)
+    return type(value) in _PLAIN and not (isinstance(value, str) and "${" in value)
+
+
 def over_yaml(values: Mapping, key: str, config_name: str = "ppo_trainer") -> dict:
     """The yaml's section ``key`` with ``values`` (some of its keys) set, resolved as a whole config would be: a
-    key that follows another through ``${...}`` follows the value given for it."""
+    key that follows another through ``${...}`` follows the value given for it.
+
+    A section given whole, as plain data (a section of an already resolved config: every caller of
+    ``from_config`` in a run), is that data: merging it over the yaml and resolving would change nothing, and
+    would cost a copy of the whole yaml tree per call."""
+    if _covers(values, at(_unresolved_yaml(config_name), key)):
+        return copy.deepcopy(values)
+    return _merged_over_yaml(values, key, config_name)
+
+
+def _merged_over_yaml(values: Mapping, key: str, config_name: str) -> dict:
     from omegaconf import OmegaConf
 
     tree = copy.deepcopy(_yaml(config_name))

@@ -256,3 +256,65 @@ def test_defaults_are_fresh_copies():
     first = ActorConfig()
     first.optim.betas[0] = 0.5  # a list inside a frozen config can still be changed in place...
     assert ActorConfig().optim.betas == [0.9, 0.999] == yaml_defaults()["actor_rollout_ref"]["actor"]["optim"]["betas"]
+
+
+# ------------------------------------------------------------------------------------------------ over_yaml
+def _both_ways(values, key):
+    """over_yaml's answer and the merge-over-the-yaml it stands for."""
+    from verl.base_config import _merged_over_yaml, over_yaml
+
+    return over_yaml(values, key), _merged_over_yaml(copy.deepcopy(values), key, "ppo_trainer")
+
+
+def test_a_whole_resolved_section_is_taken_as_given_and_equals_the_merge():
+    """Every section of a composed, resolved config (what a run's from_config calls receive) skips the merge and
+    gives what the merge gives; so does the run spec built from it."""
+    from verl.base_config import _covers, _unresolved_yaml, at
+    from verl.trainer.config.spec import SECTIONS
+
+    config = OmegaConf.to_container(compose_ppo_config(["actor_rollout_ref.rollout.n=3", "data.train_batch_size=6"]),
+                                    resolve=True)
+    for name, cls in SECTIONS.items():
+        key = cls._YAML[0]
+        assert _covers(config[name], at(_unresolved_yaml("ppo_trainer"), key)), name
+        fast, merged = _both_ways(config[name], key)
+        assert fast == merged, name
+        assert fast is not config[name]  # a copy: the caller's data stays its own
+
+
+@pytest.mark.parametrize("change", ["drop a key", "drop a group key", "null group", "interpolation", "tuple"])
+def test_a_partial_or_non_plain_section_is_merged_over_the_yaml(change):
+    from verl.base_config import _covers, _unresolved_yaml, at
+
+    section = copy.deepcopy(yaml_defaults()["actor_rollout_ref"])
+    if change == "drop a key":
+        del section["actor"]["ppo_epochs"]
+    elif change == "drop a group key":
+        del section["actor"]["optim"]["lr"]
+    elif change == "null group":
+        section["actor"]["checkpoint"] = None
+    elif change == "interpolation":  # follows the key it names, as in the yaml
+        section["ref"]["log_prob_micro_batch_size_per_gpu"] = "${actor_rollout_ref.rollout.n}"
+        section["rollout"]["n"] = 5
+    else:
+        section["rollout"]["top_k"] = (1, 2)
+    assert not _covers(section, at(_unresolved_yaml("ppo_trainer"), "actor_rollout_ref"))
+    fast, merged = _both_ways(section, "actor_rollout_ref")
+    assert fast == merged
+    if change == "drop a key":
+        assert fast["actor"]["ppo_epochs"] == yaml_defaults()["actor_rollout_ref"]["actor"]["ppo_epochs"]
+    if change == "interpolation":
+        assert fast["ref"]["log_prob_micro_batch_size_per_gpu"] == 5
+    if change == "tuple":
+        assert fast["rollout"]["top_k"] == [1, 2]
+
+
+def test_a_whole_section_may_replace_a_value_by_a_group_and_add_keys():
+    """Keys the yaml lacks and a plain value given as a dict stay as given, as the merge keeps them."""
+    section = copy.deepcopy(yaml_defaults()["algorithm"])
+    section["kl_ctrl"]["extra_key"] = {"a": [1, {"b": None}]}
+    section["new_top_key"] = 1.5
+    first_leaf = next(k for k, v in section.items() if not isinstance(v, dict))
+    section[first_leaf] = {"was": "a leaf"}
+    fast, merged = _both_ways(section, "algorithm")
+    assert fast == merged == section
