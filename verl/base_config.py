@@ -74,15 +74,27 @@ def _unresolved_yaml(config_name: str) -> dict:
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def _covers(values: Any, section: Any) -> bool:
-    """Whether setting ``values`` over the yaml's ``section`` leaves nothing of the yaml: every key of the section
-    is given (a group's keys too, recursively), and every given value is plain data (str/int/float/bool/None,
-    lists, dicts with str keys) with no ``${...}``, which OmegaConf would keep as it is."""
+def _covers(values: Any, section: Any, resolved: Any) -> bool:
+    """Whether setting ``values`` over the yaml's ``section`` leaves nothing of the yaml and nothing for OmegaConf
+    to check or convert: every key of the section is given (a group's keys too, recursively); where the yaml
+    holds a dict or a list, the value given is one too; where it holds a ``${...}`` reference, a dict given holds
+    every key of what the reference resolves to (``resolved``: the section with the yaml's defaults resolved),
+    as a merge would fill the others in; and every given value is plain data (str/int/float/bool/None, lists,
+    dicts with str keys), with no ``${...}`` and no ``???`` (which a merge treats as "not given")."""
     if type(values) is not dict or not all(isinstance(k, str) for k in values):
         return False
-    if isinstance(section, Mapping) and any(
-            k not in values or (isinstance(v, Mapping) and v and not _covers(values[k], v)) for k, v in section.items()):
-        return False
+    for key, default in section.items():
+        if key not in values:
+            return False
+        given = values[key]
+        target = resolved.get(key) if isinstance(resolved, dict) else None
+        if isinstance(default, dict) and (type(given) is not dict or (default and not _covers(given, default, target))):
+            return False
+        if isinstance(default, list) and type(given) is not list:
+            return False
+        if isinstance(default, str) and "${" in default and type(given) in (dict, list):
+            if type(given) is not type(target) or (type(given) is dict and not _covers(given, target, target)):
+                return False
     return all(_is_plain(v) for v in values.values())
 
 
@@ -91,7 +103,7 @@ def _is_plain(value: Any) -> bool:
         return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
     if type(value) is list:
         return all(_is_plain(v) for v in value)
-    return type(value) in _PLAIN and not (isinstance(value, str) and "${" in value)
+    return type(value) in _PLAIN and not (isinstance(value, str) and ("${" in value or value == "???"))
 
 
 def over_yaml(values: Mapping, key: str, config_name: str = "ppo_trainer") -> dict:
@@ -101,7 +113,7 @@ def over_yaml(values: Mapping, key: str, config_name: str = "ppo_trainer") -> di
     A section given whole, as plain data (a section of an already resolved config: every caller of
     ``from_config`` in a run), is that data: merging it over the yaml and resolving would change nothing, and
     would cost a copy of the whole yaml tree per call."""
-    if _covers(values, at(_unresolved_yaml(config_name), key)):
+    if _covers(values, at(_unresolved_yaml(config_name), key), at(_resolved_yaml(config_name), key)):
         return copy.deepcopy(values)
     return _merged_over_yaml(values, key, config_name)
 

@@ -269,22 +269,23 @@ def _both_ways(values, key):
 def test_a_whole_resolved_section_is_taken_as_given_and_equals_the_merge():
     """Every section of a composed, resolved config (what a run's from_config calls receive) skips the merge and
     gives what the merge gives; so does the run spec built from it."""
-    from verl.base_config import _covers, _unresolved_yaml, at
+    from verl.base_config import _covers, _resolved_yaml, _unresolved_yaml, at
     from verl.trainer.config.spec import SECTIONS
 
     config = OmegaConf.to_container(compose_ppo_config(["actor_rollout_ref.rollout.n=3", "data.train_batch_size=6"]),
                                     resolve=True)
     for name, cls in SECTIONS.items():
         key = cls._YAML[0]
-        assert _covers(config[name], at(_unresolved_yaml("ppo_trainer"), key)), name
+        assert _covers(config[name], at(_unresolved_yaml("ppo_trainer"), key), at(_resolved_yaml("ppo_trainer"), key))
         fast, merged = _both_ways(config[name], key)
         assert fast == merged, name
         assert fast is not config[name]  # a copy: the caller's data stays its own
 
 
-@pytest.mark.parametrize("change", ["drop a key", "drop a group key", "null group", "interpolation", "tuple"])
+@pytest.mark.parametrize("change", ["drop a key", "drop a group key", "null group", "interpolation", "tuple",
+                                    "missing marker", "dict for a list", "list for a dict", "group for a reference"])
 def test_a_partial_or_non_plain_section_is_merged_over_the_yaml(change):
-    from verl.base_config import _covers, _unresolved_yaml, at
+    from verl.base_config import _covers, _resolved_yaml, _unresolved_yaml, at
 
     section = copy.deepcopy(yaml_defaults()["actor_rollout_ref"])
     if change == "drop a key":
@@ -296,9 +297,24 @@ def test_a_partial_or_non_plain_section_is_merged_over_the_yaml(change):
     elif change == "interpolation":  # follows the key it names, as in the yaml
         section["ref"]["log_prob_micro_batch_size_per_gpu"] = "${actor_rollout_ref.rollout.n}"
         section["rollout"]["n"] = 5
-    else:
+    elif change == "tuple":
         section["rollout"]["top_k"] = (1, 2)
-    assert not _covers(section, at(_unresolved_yaml("ppo_trainer"), "actor_rollout_ref"))
+    elif change == "missing marker":  # '???' is "not given" to a merge: the yaml's value stays
+        section["actor"]["ppo_epochs"] = "???"
+    elif change == "dict for a list":  # a merge refuses it; taken as given, nobody would
+        section["actor"]["checkpoint"]["save_contents"] = {}
+    elif change == "list for a dict":
+        section["model"]["override_config"] = []
+    else:  # the yaml's ${algorithm.rollout_correction} names a group: a partial dict is merged into all its keys
+        section["actor"]["policy_loss"]["rollout_correction"] = {"bypass_mode": True}
+    assert not _covers(section, at(_unresolved_yaml("ppo_trainer"), "actor_rollout_ref"),
+                       at(_resolved_yaml("ppo_trainer"), "actor_rollout_ref"))
+    if change in ("dict for a list", "list for a dict"):
+        from omegaconf.errors import ConfigTypeError
+
+        with pytest.raises(ConfigTypeError):
+            _both_ways(section, "actor_rollout_ref")
+        return
     fast, merged = _both_ways(section, "actor_rollout_ref")
     assert fast == merged
     if change == "drop a key":
@@ -307,6 +323,11 @@ def test_a_partial_or_non_plain_section_is_merged_over_the_yaml(change):
         assert fast["ref"]["log_prob_micro_batch_size_per_gpu"] == 5
     if change == "tuple":
         assert fast["rollout"]["top_k"] == [1, 2]
+    if change == "missing marker":
+        assert fast["actor"]["ppo_epochs"] == yaml_defaults()["actor_rollout_ref"]["actor"]["ppo_epochs"]
+    if change == "group for a reference":
+        assert fast["actor"]["policy_loss"]["rollout_correction"] == {
+            **yaml_defaults()["algorithm"]["rollout_correction"], "bypass_mode": True}
 
 
 def test_a_whole_section_may_replace_a_value_by_a_group_and_add_keys():
