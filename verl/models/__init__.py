@@ -1,6 +1,6 @@
 """Layer 3: loading Hugging Face models and computing log-probs/entropy without full fp32 logits."""
 
-from verl.models.versions import require_transformers
+from verl.utils.versions import require_transformers
 
 require_transformers()  # before any model code runs: an older transformers fails in ways that do not say why
 

@@ -1,4 +1,5 @@
-"""The oldest transformers this package runs on, checked when :mod:`verl.models` is first imported.
+"""The oldest transformers this package runs on, checked when :mod:`verl.models` is first imported (this module
+imports nothing of verl's, so the check itself loads under any transformers).
 
 Before transformers 5, several things the model code relies on are missing or mean something else: the
 mixture-of-experts families keep their experts in a ``ModuleList`` (the native engine and the expert
@@ -15,31 +16,51 @@ all of it but the tests that build Qwen2-VL's image processor, which that releas
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 
-__all__ = ["MIN_TRANSFORMERS", "require_transformers"]
+__all__ = ["MIN_TRANSFORMERS", "installed_transformers", "require_transformers"]
 
 MIN_TRANSFORMERS = "5.17"
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """The leading numeric release of a version string: ``'5.17.0.dev0'`` -> ``(5, 17, 0)``."""
-    match = re.match(r"\d+(\.\d+)*", version)
-    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+def installed_transformers() -> str | None:
+    """The version of the transformers package an import would load, None when there is none. Read from that
+    package's ``__init__.py`` (``__version__ = "..."``) without importing it: a copy put on ``PYTHONPATH``
+    without its ``.dist-info`` would otherwise be judged by another installation's metadata. The metadata is
+    the fallback for a package whose source does not say."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None:
+        return None
+    if spec.origin and spec.origin.endswith(".py"):
+        try:
+            with open(spec.origin, encoding="utf-8") as f:
+                match = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", f.read(), re.M)
+            if match:
+                return match.group(1)
+        except OSError:
+            pass
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def require_transformers(installed: str | None = None) -> None:
     """Raise ImportError naming the installed and the needed version when transformers is older than
-    :data:`MIN_TRANSFORMERS`. ``installed`` defaults to the distribution's metadata (transformers itself is not
-    imported here); nothing is checked when transformers is not installed: its first import says so."""
+    :data:`MIN_TRANSFORMERS`, compared as pip does (PEP 440: ``5.17.0rc1`` is older than ``5.17``).
+    ``installed`` defaults to :func:`installed_transformers`; nothing is checked when transformers is not
+    installed (its first import says so) or its version cannot be parsed."""
+    from packaging.version import InvalidVersion, Version
+
+    installed = installed_transformers() if installed is None else installed
     if installed is None:
-        try:
-            installed = importlib.metadata.version("transformers")
-        except importlib.metadata.PackageNotFoundError:
-            return
-    floor = _release(MIN_TRANSFORMERS)
-    have = _release(installed)
-    if have[:len(floor)] + (0,) * (len(floor) - len(have)) < floor:
+        return
+    try:
+        too_old = Version(installed) < Version(MIN_TRANSFORMERS)
+    except InvalidVersion:
+        return
+    if too_old:
         raise ImportError(
             f"transformers {installed} is installed; verl needs transformers>={MIN_TRANSFORMERS} (older releases "
             "store mixture-of-experts weights, attention implementations and RoPE scaling differently, and runs "
