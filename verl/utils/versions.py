@@ -51,11 +51,11 @@ def require_transformers(installed: str | None = None) -> None:
     :data:`MIN_TRANSFORMERS`, compared as pip does (PEP 440: ``5.17.0rc1`` is older than ``5.17``).
     ``installed`` defaults to :func:`installed_transformers`; nothing is checked when transformers is not
     installed (its first import says so) or its version cannot be parsed."""
-    from packaging.version import InvalidVersion, Version
-
     installed = installed_transformers() if installed is None else installed
     if installed is None:
         return
+    from packaging.version import InvalidVersion, Version  # transformers depends on it: present from here on
+
     try:
         too_old = Version(installed) < Version(MIN_TRANSFORMERS)
     except InvalidVersion:
