@@ -1,5 +1,6 @@
 """FSDPEngine on CPU/gloo: one rank in-process, two ranks in spawned processes where sharding matters."""
 
+import functools
 import logging
 
 import pytest
@@ -177,6 +178,14 @@ def test_compiled_layers_stay_eager_when_called_with_a_kv_cache(monkeypatch):
     assert forward(1, cache=object()) == 1 and forward(1, past_key_values=object()) == 1
 
 
+def _dynamo_config_restored():
+    """compile_decoder_layers sets dynamo options for its whole process; a test puts them back. (Not
+    monkeypatch: its undo deletes a torch config attribute, which hides the option from torch itself.)"""
+    config = torch._dynamo.config
+    return config.patch({name: getattr(config, name) for name in
+                         ("specialize_float", "skip_fsdp_guards", "suppress_errors", "cache_size_limit")})
+
+
 def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
     """A decoder layer compiles once per grad mode (a no-grad log-prob pass, then a training pass): two AOT
     autograd compiles, no third one aborted and restarted over a float (which no cache would keep, so every warm
@@ -191,20 +200,59 @@ def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
     torch._dynamo.reset()
     counters.clear()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", torch._dynamo.config.specialize_float)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
                                                          num_attention_heads=4, num_key_value_heads=2,
                                                          intermediate_size=64))
-    assert fsdp_module.compile_decoder_layers(model)
-    ids = torch.randint(0, 300, (2, 24))
-    mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
-    with torch.no_grad():
-        forward_logprobs(model, ids, mask, positions, 8)
-    log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
-    log_probs.sum().backward()
+    with _dynamo_config_restored():
+        assert fsdp_module.compile_decoder_layers(model)
+        ids = torch.randint(0, 300, (2, 24))
+        mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
+        with torch.no_grad():
+            forward_logprobs(model, ids, mask, positions, 8)
+        log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
+        log_probs.sum().backward()
     assert dict(counters["aot_autograd"]) == {"total": 2, "ok": 2}
     torch._dynamo.reset()
+
+
+def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monkeypatch):
+    """Under fully_shard, a compiled layer's integer attributes (head_dim) are constants of the graph, as they
+    are for an unsharded model; dynamo's default for FSDP-managed modules made each a symbol of the dynamic-shape
+    graph (and the sympy work it brings was most of a warm start's compile time). The graph's symbolic inputs
+    are sizes of the inputs only, and both layers share one graph per grad mode."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from verl.workers.engine import fsdp as fsdp_module
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append({n.name: n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"})
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=record))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
+                                                         num_attention_heads=4, num_key_value_heads=2,
+                                                         intermediate_size=64), attn_implementation="sdpa")
+    with _dynamo_config_restored():
+        assert fsdp_module.compile_decoder_layers(model)
+        fsdp_module.shard_model(model, init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(),
+                                reshard_after_forward=True, offload_policy=False)
+        ids = torch.randint(0, 300, (2, 24))
+        mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
+        with torch.no_grad():
+            forward_logprobs(model, ids, mask, positions, 8)
+        log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
+        log_probs.sum().backward()
+    torch._dynamo.reset()
+    assert len(graphs) == 2  # no grad, then grad; the second layer reuses each
+    symbolic = [name for graph in graphs for name, value in graph.items() if isinstance(value, torch.SymInt)]
+    assert symbolic and all(not name.startswith("l_self") for name in symbolic), symbolic
 
 
 def test_compile_leaves_a_vision_towers_blocks_eager(monkeypatch, tiny_tokenizer_dir, tmp_path):
