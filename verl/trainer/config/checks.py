@@ -23,7 +23,7 @@ from verl.algorithms import (
     KL_PENALTY_TYPES, LOSS_AGG_MODES, get_adv_estimator_fn, get_policy_loss_fn, registered_adv_estimators,
     registered_policy_losses
 )
-from verl.base_config import BaseConfig, at
+from verl.base_config import BaseConfig, at, type_hints
 from verl.rewards.managers import get_reward_manager_cls, registered_reward_managers
 from verl.trainer.config.compose import dotted_keys
 from verl.trainer.config.spec import RunSpec, need_critic, need_reference_policy, worker_backend
@@ -177,7 +177,7 @@ def declared_hint(key: str, root: Any = RunSpec) -> Any:
                       and part in {f.name for f in dataclasses.fields(t)}), None)
         if owner is None:
             return None
-        hint = typing.get_type_hints(owner)[part]
+        hint = type_hints(owner)[part]
     return hint
 
 
