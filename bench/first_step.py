@@ -13,7 +13,9 @@ built. Measured: wall seconds from launching the process to the first step's met
 (the console logger's ``step:1 - ...``), and to the process's end; the start-up report the run logs with
 ``VERL_LOGGING_LEVEL=INFO`` is printed too (where the time went). Baseline, same run: TRL's
 ``GRPOTrainer`` on the same workload (``peer_grpo.py``'s, one step), from launch to its first logged
-metrics and to its end. Each process's output is kept in ``<out>/<run>.log``.
+metrics and to its end. Each process's output is kept in ``<out>/<run>.log``. Python's bytecode should be
+cached, as after a ``pip install``; the script warns when torch's or transformers' is not (a read-only install
+without it compiles thousands of modules from source in every process).
 """
 
 from __future__ import annotations
@@ -83,6 +85,22 @@ def run_trl(out: str, tiny: bool) -> dict:
     return timed_run(command, env, os.path.join(out, "trl.log"), lambda line: line.startswith("{") and "loss" in line)
 
 
+def uncached_bytecode(names=("torch", "transformers")) -> list[str]:
+    """The packages among ``names`` whose ``__init__`` has no compiled bytecode where this Python looks for it
+    (``__pycache__``, or under ``PYTHONPYCACHEPREFIX``). A read-only install without bytecode (as on some
+    containers) compiles every module from source in every process: seconds of start-up that a normal ``pip
+    install``, which writes the bytecode, does not have."""
+    import importlib.util
+
+    missing = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            if not os.path.exists(importlib.util.cache_from_source(spec.origin)):
+                missing.append(name)
+    return missing
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -94,6 +112,11 @@ def main() -> None:
                              "(after the default warm run; e.g. to compare backends or compile settings)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    missing = uncached_bytecode()
+    if missing:
+        print(f"warning: no compiled bytecode for {', '.join(missing)}: each run compiles their modules from source "
+              "(seconds a process). Precompile first, e.g. PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m compileall -q "
+              "-j 0 <site-packages>, with PYTHONPYCACHEPREFIX exported for this script too", flush=True)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     prepared = prepare(out, args.tiny)
