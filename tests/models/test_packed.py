@@ -174,3 +174,26 @@ def test_gemma2_soft_capped_attention_loads_eager_and_is_not_packed(tmp_path):
     assert model.config._attn_implementation == "eager"
     with pytest.raises(ValueError, match=r"soft-capped attention.*use_remove_padding=false"):
         load_causal_lm(str(tmp_path), remove_padding=True)
+
+
+def test_compiled_packed_forward_traces_no_cached_function(tiny_qwen2_dir, monkeypatch):
+    """The packed attention's one-time lookup of the varlen kernel is not a functools cache: dynamo traces through
+    those with a warning ("functools.lru_cache-wrapped function") that every compiled run printed."""
+    import functools
+    import warnings
+
+    from verl.workers.engine import fsdp as fsdp_module
+
+    model = load_causal_lm(tiny_qwen2_dir, remove_padding=True)  # packed attention, as in training
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    config = torch._dynamo.config
+    torch._dynamo.reset()
+    with config.patch({name: getattr(config, name) for name in
+                       ("specialize_float", "skip_fsdp_guards", "suppress_errors", "cache_size_limit")}):
+        assert fsdp_module.compile_decoder_layers(model)
+        input_ids, mask, position_ids, response = _ragged_batch(model.config.vocab_size)
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            forward_logprobs(model, input_ids, mask, position_ids, response, remove_padding=True)
+    torch._dynamo.reset()
+    assert not [w for w in caught if "lru_cache" in str(w.message)]

@@ -97,10 +97,21 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
                   index=index, valid=valid)
 
 
-@functools.cache
+_VARLEN: tuple | None | bool = False  # False: not looked up yet (register() looks it up, outside any compile)
+
+
 def _varlen():
     """PyTorch's varlen flash attention, how to ask it for causal and for full (bidirectional) masking (the
-    keyword changed between releases), and whether it takes ``enable_gqa``; None where this torch has none."""
+    keyword changed between releases), and whether it takes ``enable_gqa``; None where this torch has none.
+    Looked up once; a module global rather than ``functools.cache``, which the compiled layers would trace
+    through with a warning in every run."""
+    global _VARLEN
+    if _VARLEN is False:
+        _VARLEN = _find_varlen()
+    return _VARLEN
+
+
+def _find_varlen():
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -182,6 +193,7 @@ def register() -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    _varlen()
     for name in (ATTN_IMPLEMENTATION, VISION_ATTN_IMPLEMENTATION):
         AttentionInterface.register(name, packed_attention)
         AttentionMaskInterface.register(name, _packed_mask)
