@@ -32,6 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.peer_grpo import ours_command, prepare  # noqa: E402
+from verl.utils import startup  # noqa: E402
 
 
 def timed_run(command: list[str], env: dict, log_path: str, is_first_step) -> dict:
@@ -85,22 +86,6 @@ def run_trl(out: str, tiny: bool) -> dict:
     return timed_run(command, env, os.path.join(out, "trl.log"), lambda line: line.startswith("{") and "loss" in line)
 
 
-def uncached_bytecode(names=("torch", "transformers")) -> list[str]:
-    """The packages among ``names`` whose ``__init__`` has no compiled bytecode where this Python looks for it
-    (``__pycache__``, or under ``PYTHONPYCACHEPREFIX``). A read-only install without bytecode (as on some
-    containers) compiles every module from source in every process: seconds of start-up that a normal ``pip
-    install``, which writes the bytecode, does not have."""
-    import importlib.util
-
-    missing = []
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            if not os.path.exists(importlib.util.cache_from_source(spec.origin)):
-                missing.append(name)
-    return missing
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -112,7 +97,7 @@ def main() -> None:
                              "(after the default warm run; e.g. to compare backends or compile settings)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    missing = uncached_bytecode()
+    missing = startup.uncached_bytecode()
     if missing:
         print(f"warning: no compiled bytecode for {', '.join(missing)}: each run compiles their modules from source "
               "(seconds a process). Precompile first, e.g. PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m compileall -q "

@@ -66,6 +66,7 @@ def test_report_by_hand(monkeypatch):
     clock.add("workers", 6.0, start=1007.3)
     clock.add("init_model", 9.2, start=1013.3)
     monkeypatch.setattr(startup, "time", types.SimpleNamespace(time=lambda: 1050.0))
+    monkeypatch.setattr(startup, "uncached_bytecode", lambda: [])
     workers = {"actor_rollout": {"actor model load": 3.2, "actor fsdp": 1.1, "torch.compile": 9.8,
                                  "fx graph cache hits": 1, "fx graph cache misses": 1, "aot autograd cache hits": 0,
                                  "aot autograd cache misses": 2, "triton compile": 3.4, "triton kernels built": 12,
@@ -247,3 +248,24 @@ def test_a_failing_load_names_the_role_and_the_rank(pools):
         assert "weights missing" in str(error.value)
     finally:
         shared["critic"].shutdown()
+
+
+def test_bytecode_found_where_python_looks_for_it(monkeypatch, tmp_path):
+    """A package counts as cached once its __init__ has bytecode where this Python looks (its __pycache__, or
+    under PYTHONPYCACHEPREFIX); the report then says what every process pays and the fix."""
+    import importlib
+    import py_compile
+
+    package = tmp_path / "pkg" / "verl_bytecode_probe"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    importlib.invalidate_caches()
+    assert startup.uncached_bytecode(("verl_bytecode_probe", "no_such_package_here")) == ["verl_bytecode_probe"]
+    py_compile.compile(str(package / "__init__.py"))  # writes __pycache__/__init__.cpython-*.pyc
+    assert startup.uncached_bytecode(("verl_bytecode_probe",)) == []
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "empty_prefix"))  # nothing cached there
+    assert startup.uncached_bytecode(("verl_bytecode_probe", "torch")) == ["verl_bytecode_probe", "torch"]
+    report = startup.format_report(startup.PhaseRecorder(), {}, {"step": 1.0})
+    assert "  python: no cached bytecode for torch, transformers: every process compiles" in report
+    assert "PYTHONPYCACHEPREFIX" in report
