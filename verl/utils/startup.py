@@ -200,8 +200,8 @@ def slowest(snapshots: list[dict[str, float]]) -> dict[str, float]:
 def uncached_bytecode(names: tuple[str, ...] = ("torch", "transformers")) -> list[str]:
     """The packages among ``names`` whose ``__init__`` has no compiled bytecode where this Python looks for it
     (``__pycache__``, or under ``PYTHONPYCACHEPREFIX``). Without it (``PYTHONDONTWRITEBYTECODE=1`` and an install
-    that holds none, or a read-only one) every process compiles thousands of modules from source: 13.6 s of a
-    warm first step on the H100 machine, which ``pip install`` (writing the bytecode) never costs."""
+    that holds none, or a read-only one) every process compiles thousands of modules from source: 11-14 s of a
+    warm start on the H100 machine, which ``pip install`` (writing the bytecode) never costs."""
     import importlib.util
 
     missing = []
@@ -268,7 +268,7 @@ def format_report(driver: PhaseRecorder, workers: dict[str, dict[str, float]], f
                "writable folder>)" if sys.flags.dont_write_bytecode else
                "site-packages is read-only: export PYTHONPYCACHEPREFIX=<a writable folder>")
         lines.append(f"  python: no cached bytecode for {', '.join(uncached)}: every process compiles their modules "
-                     f"from source (14 s of the benchmark's start on an H100 host); to keep it between runs, {fix}")
+                     f"from source (11-14 s of the benchmark's start on the H100 host); to keep it between runs, {fix}")
     for name, snapshot in workers.items():
         phases = [(k, v) for k, v in snapshot.items() if k not in _COUNTS + _COMPILE]
         lines.append(f"  workers of {name} (slowest rank): {_seconds(phases) or 'no phases recorded'}")

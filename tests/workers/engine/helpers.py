@@ -1,5 +1,6 @@
 """Shared by the engine tests: toy batches, losses, and running a function on several ranks."""
 
+import contextlib
 import faulthandler
 import os
 import random
@@ -129,3 +130,24 @@ def resume_is_exact(rank, load, model_dir, folder, tokenizer_dir, fsdp_config, l
         merged = load_full_model_state_dict(folder)
         assert all(torch.equal(merged[name], saved_full[name]) for name in saved_full)
     return saved_full
+
+
+# The dynamo options verl.workers.engine.fsdp.compile_decoder_layers sets for its whole process.
+COMPILE_OPTIONS = ("cache_size_limit", "specialize_float", "skip_fsdp_guards", "suppress_errors")
+
+
+@contextlib.contextmanager
+def compiling_in_this_process():
+    """For a test that compiles in pytest's own process: a fresh dynamo (no graphs, guards or warnings of other
+    tests), and afterwards, even on failure, dynamo reset and the options compile_decoder_layers set put back.
+    (Not monkeypatch: its undo deletes a torch config attribute, which hides the option from torch itself.)"""
+    import torch._dynamo.utils
+
+    config = torch._dynamo.config
+    torch._dynamo.reset()
+    torch._dynamo.utils.warn_once_cache.clear()  # dynamo warns once per process and message
+    try:
+        with config.patch({name: getattr(config, name) for name in COMPILE_OPTIONS}):
+            yield
+    finally:
+        torch._dynamo.reset()

@@ -9,6 +9,7 @@ from torch.distributed.tensor import DTensor
 
 from tests.workers.engine.helpers import (
     RESPONSE,
+    compiling_in_this_process,
     lm_loss,
     make_batch,
     run_ranks,
@@ -178,14 +179,6 @@ def test_compiled_layers_stay_eager_when_called_with_a_kv_cache(monkeypatch):
     assert forward(1, cache=object()) == 1 and forward(1, past_key_values=object()) == 1
 
 
-def _dynamo_config_restored():
-    """compile_decoder_layers sets dynamo options for its whole process; a test puts them back. (Not
-    monkeypatch: its undo deletes a torch config attribute, which hides the option from torch itself.)"""
-    config = torch._dynamo.config
-    return config.patch({name: getattr(config, name) for name in
-                         ("specialize_float", "skip_fsdp_guards", "suppress_errors", "cache_size_limit")})
-
-
 def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
     """A decoder layer compiles once per grad mode (a no-grad log-prob pass, then a training pass): two AOT
     autograd compiles, no third one aborted and restarted over a float (which no cache would keep, so every warm
@@ -197,14 +190,13 @@ def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
 
     from verl.workers.engine import fsdp as fsdp_module
 
-    torch._dynamo.reset()
-    counters.clear()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
                                                          num_attention_heads=4, num_key_value_heads=2,
                                                          intermediate_size=64))
-    with _dynamo_config_restored():
+    with compiling_in_this_process():
+        counters.clear()
         assert fsdp_module.compile_decoder_layers(model)
         ids = torch.randint(0, 300, (2, 24))
         mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
@@ -212,8 +204,7 @@ def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
             forward_logprobs(model, ids, mask, positions, 8)
         log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
         log_probs.sum().backward()
-    assert dict(counters["aot_autograd"]) == {"total": 2, "ok": 2}
-    torch._dynamo.reset()
+        assert dict(counters["aot_autograd"]) == {"total": 2, "ok": 2}
 
 
 def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monkeypatch):
@@ -233,13 +224,12 @@ def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monk
         graphs.append({n.name: n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"})
         return gm.forward
 
-    torch._dynamo.reset()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=record))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
                                                          num_attention_heads=4, num_key_value_heads=2,
                                                          intermediate_size=64), attn_implementation="sdpa")
-    with _dynamo_config_restored():
+    with compiling_in_this_process():
         assert fsdp_module.compile_decoder_layers(model)
         fsdp_module.shard_model(model, init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(),
                                 reshard_after_forward=True, offload_policy=False)
@@ -249,7 +239,6 @@ def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monk
             forward_logprobs(model, ids, mask, positions, 8)
         log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
         log_probs.sum().backward()
-    torch._dynamo.reset()
     assert len(graphs) == 2  # no grad, then grad; the second layer reuses each
     symbolic = [name for graph in graphs for name, value in graph.items() if isinstance(value, torch.SymInt)]
     assert symbolic and all(not name.startswith("l_self") for name in symbolic), symbolic
@@ -264,7 +253,8 @@ def test_compile_leaves_a_vision_towers_blocks_eager(monkeypatch, tiny_tokenizer
 
     model = load_causal_lm(save_tiny_qwen2_5_vl(str(tmp_path / "vlm"), tiny_tokenizer_dir), remove_padding=True)
     monkeypatch.setattr(torch, "compile", lambda fn, dynamic: fn)
-    assert fsdp_module.compile_decoder_layers(model)
+    with compiling_in_this_process():
+        assert fsdp_module.compile_decoder_layers(model)
     compiled = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
     assert compiled == {"Qwen2_5_VLDecoderLayer"}
     assert not any("forward" in vars(m) for m in vision_tower(model).modules())

@@ -91,8 +91,9 @@ def compile_decoder_layers(model: torch.nn.Module) -> bool:
     # dynamic=True, head_dim then became a symbol of unbounded range, and every reshape by it sent the shape
     # environment into sympy. Measured warm (every graph from the cache) on a CPU, a 2-layer Qwen2.5-0.5B-shaped
     # model sharded in bf16: dynamo's time went from 10.8 to 4.1 s (tracing 5.0 -> 1.6, guards 1.4 -> 0.1);
-    # on the H100 it was 15.5 s of a 41 s first step. Off, the layers' submodules and parameters are guarded as
-    # any module's are (on type and tensor properties, not identity: the layers still share one graph).
+    # on an H100, warm torch.compile went from 11.1 to 1.8 s (docs/benchmarks.md). Off, the layers' submodules and
+    # parameters are guarded as any module's are (on type and tensor properties, not identity: the layers still
+    # share one graph).
     torch._dynamo.config.skip_fsdp_guards = False
     # A graph the compiler cannot build (a missing toolchain, an op it does not know) runs eager, with a
     # warning, instead of failing the step.
