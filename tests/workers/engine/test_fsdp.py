@@ -207,14 +207,16 @@ def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
         assert dict(counters["aot_autograd"]) == {"total": 2, "ok": 2}
 
 
-def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monkeypatch):
-    """Under fully_shard, a compiled layer's integer attributes (head_dim) are constants of the graph, as they
-    are for an unsharded model; dynamo's default for FSDP-managed modules made each a symbol of the dynamic-shape
-    graph (and the sympy work it brings was most of a warm start's compile time). The graph's symbolic inputs
-    are sizes of the inputs only, and both layers share one graph per grad mode."""
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
+def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monkeypatch, family):
+    """Under fully_shard, a compiled layer's integer attributes (head_dim; a mixture of experts' top_k,
+    num_experts, the router's hidden_dim) are constants of the graph, as they are for an unsharded model; dynamo's
+    default for FSDP-managed modules made each a symbol of the dynamic-shape graph (and the sympy work it brings
+    was most of a warm start's compile time). The graph's symbolic inputs are sizes of the inputs only, and both
+    layers share one graph per grad mode."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3MoeConfig
 
     from verl.workers.engine import fsdp as fsdp_module
 
@@ -226,9 +228,11 @@ def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monk
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=record))
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=300, hidden_size=32, num_hidden_layers=2,
-                                                         num_attention_heads=4, num_key_value_heads=2,
-                                                         intermediate_size=64), attn_implementation="sdpa")
+    shape = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 64}
+    config = Qwen2Config(**shape) if family == "qwen2" else \
+        Qwen3MoeConfig(**shape, head_dim=8, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     with compiling_in_this_process():
         assert fsdp_module.compile_decoder_layers(model)
         fsdp_module.shard_model(model, init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(),
