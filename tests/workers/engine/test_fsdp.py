@@ -179,12 +179,20 @@ def test_compiled_layers_stay_eager_when_called_with_a_kv_cache(monkeypatch):
     assert forward(1, cache=object()) == 1 and forward(1, past_key_values=object()) == 1
 
 
+def _log_prob_pass_then_training_pass(model):
+    """What a step asks of the compiled layers: a no-grad log-prob forward, then a forward and backward."""
+    ids = torch.randint(0, 300, (2, 24))
+    mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
+    with torch.no_grad():
+        forward_logprobs(model, ids, mask, positions, 8)
+    log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
+    log_probs.sum().backward()
+
+
 def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
     """A decoder layer compiles once per grad mode (a no-grad log-prob pass, then a training pass): two AOT
     autograd compiles, no third one aborted and restarted over a float (which no cache would keep, so every warm
     start paid for it again). AOT autograd without Inductor, to stay fast on a CPU."""
-    import functools
-
     from torch._dynamo.utils import counters
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -198,12 +206,7 @@ def test_compiled_layers_trace_each_grad_mode_once(monkeypatch):
     with compiling_in_this_process():
         counters.clear()
         assert fsdp_module.compile_decoder_layers(model)
-        ids = torch.randint(0, 300, (2, 24))
-        mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
-        with torch.no_grad():
-            forward_logprobs(model, ids, mask, positions, 8)
-        log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
-        log_probs.sum().backward()
+        _log_prob_pass_then_training_pass(model)
         assert dict(counters["aot_autograd"]) == {"total": 2, "ok": 2}
 
 
@@ -237,12 +240,7 @@ def test_compiled_sharded_layers_take_module_ints_as_constants(single_rank, monk
         assert fsdp_module.compile_decoder_layers(model)
         fsdp_module.shard_model(model, init_device_mesh("cpu", (1,)), mp_policy=MixedPrecisionPolicy(),
                                 reshard_after_forward=True, offload_policy=False)
-        ids = torch.randint(0, 300, (2, 24))
-        mask, positions = torch.ones_like(ids), torch.arange(24).expand(2, -1)
-        with torch.no_grad():
-            forward_logprobs(model, ids, mask, positions, 8)
-        log_probs, _ = forward_logprobs(model, ids, mask, positions, 8)
-        log_probs.sum().backward()
+        _log_prob_pass_then_training_pass(model)
     assert len(graphs) == 2  # no grad, then grad; the second layer reuses each
     symbolic = [name for graph in graphs for name, value in graph.items() if isinstance(value, torch.SymInt)]
     assert symbolic and all(not name.startswith("l_self") for name in symbolic), symbolic
