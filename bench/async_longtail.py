@@ -5,11 +5,14 @@
 
 The workload: a random-weight model of the Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, the full
 151,936-token vocabulary, bf16), 64 prompts of about 380 tokens x 8 samples per step, GRPO (no KL), temperature 1.
+The prompts are numbered (``DISTINCT_BATCHES`` x 64 of them, none repeated within a run of that many steps), so
+that every sample of every step meets a draw of its own.
 Each sample's response length is drawn once from a heavy-tailed distribution (seed fixed): 90% uniform in
 200-600 tokens, 10% from a Pareto tail (exponent 1.2) from 600 up to 4,096; a random model never stops by
 itself, so the engine's stop token is forced at the drawn length (this script patches the scheduler's record of
 sampled tokens in its own process, which is why the runs use ``trainer.backend=local``). The draw depends on the
-prompt's tokens and the sample's index only, so every mode meets the same lengths.
+prompt's tokens (right-aligned, so the padding width does not matter) and the sample's index only, so every mode
+meets the same lengths.
 
 Modes (default): ``sync``; ``colocate_async`` allowing staleness 1 and 4 (one batch generated ahead, the
 original's default ``num_warmup_batches``; groups past the threshold dropped, its default strategy). Each runs in a
@@ -35,6 +38,7 @@ sys.path.insert(0, REPO)
 
 PROMPTS, SAMPLES, MAX_RESPONSE = 64, 8, 4096
 TAIL_SHARE, BODY, TAIL_EXPONENT = 0.1, (200, 600), 1.2
+DISTINCT_BATCHES = 16  # batches of distinct prompts in train.parquet
 MODES = {
     "sync": [],
     "async_s1": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=1"],
@@ -57,7 +61,7 @@ def length_table(size: int, longest: int, seed: int = 0):
 def force_stops(table, samples: int, eos_id: int) -> None:
     """Make the native engine emit ``eos_id`` once a row has generated its drawn number of tokens. A row's draw is
     picked by a hash of its prompt's tokens and its sample index, so the synchronous and the streaming schedulers
-    (which number rows differently) stop the same sample at the same length."""
+    (which number rows and pad prompts differently) stop the same sample at the same length."""
     import torch
 
     from verl.workers.rollout.native import scheduler
@@ -66,15 +70,16 @@ def force_stops(table, samples: int, eos_id: int) -> None:
     cached: dict = {}
 
     def _record(self, rows, steps, tokens, log_probs):
-        key = (self.input_ids.device, self.input_ids.shape[1])
-        if key not in cached:
+        device = self.input_ids.device
+        if device not in cached:
             generator = torch.Generator().manual_seed(1)
-            cached[key] = (torch.randint(1, 2**20, (self.input_ids.shape[1],), generator=generator).to(key[0]),
-                           torch.as_tensor(table, device=key[0]))
-        weights, lengths = cached[key]
+            cached[device] = (torch.randint(1, 2**20, (8192,), generator=generator).to(device),
+                              torch.as_tensor(table, device=device))
+        weights, lengths = cached[device]
         live = rows < self.rows
         prompt = torch.where(live, rows // samples, 0)
-        digest = (self.input_ids[prompt] * weights).sum(-1) + (rows % samples) * 7919
+        ids = self.input_ids[prompt]  # left-padded: the last token always meets the last weight
+        digest = (ids * weights[-ids.shape[1]:]).sum(-1) + (rows % samples) * 7919
         target = lengths[digest % len(lengths)]
         tokens.masked_fill_(live & (steps + 1 >= target), eos_id)
         return record(self, rows, steps, tokens, log_probs)
@@ -83,10 +88,28 @@ def force_stops(table, samples: int, eos_id: int) -> None:
 
 
 def prepare(out: str, tiny: bool) -> dict:
-    """The peer benchmark's model folder, prompts and reward (bench/peer_grpo.py); ``tiny``: its CPU-sized model."""
+    """The peer benchmark's model folder and reward (bench/peer_grpo.py; ``tiny``: its CPU-sized model), and
+    ``DISTINCT_BATCHES`` batches of numbered prompts in place of its one batch (which repeats the fixture's few
+    questions, so its prompts, and with them the drawn lengths, would repeat)."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from bench.peer_grpo import pack_questions, write_prompts
     from bench.peer_grpo import prepare as peer_prepare
 
-    return peer_prepare(out, quick=tiny)
+    prepared = peer_prepare(out, quick=tiny)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    fixture = os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k/main/train-00000-of-00001.parquet")
+    questions = list(pd.read_parquet(fixture)["question"])
+    count, target = (8 if tiny else PROMPTS) * DISTINCT_BATCHES, max(prepared["prompt_tokens"])
+    packed, _ = pack_questions(tokenizer, questions, count, target - 16)  # room for the number
+    prompts = [f"Problem {i}. {text}" for i, text in enumerate(packed)]
+    lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=True)["input_ids"]) for p in prompts]
+    if len(set(prompts)) != count:
+        raise RuntimeError(f"expected {count} distinct prompts, got {len(set(prompts))}")
+    write_prompts(prompts, "peer_bench", os.path.join(out, "train.parquet"))
+    return {"model": prepared["model"], "prompt_tokens": lengths}
 
 
 def command(out: str, prepared: dict, steps: int, tiny: bool, overrides: list[str]) -> list[str]:
