@@ -2,6 +2,7 @@
 
     python3 bench/async_longtail.py --out /tmp/longtail [--steps 4] [--mode NAME:key=value;... ...]
     python3 bench/async_longtail.py --out /tmp/longtail --tiny     # a small CPU dry run of the script
+    python3 bench/async_longtail.py --out /tmp/sched --schedule --steps 9   # the schedule alone, on CPU
 
 The workload: a random-weight model of the Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, the full
 151,936-token vocabulary, bf16), 64 prompts of about 380 tokens x 8 samples per step, GRPO (no KL), temperature 1.
@@ -20,6 +21,14 @@ process of its own; reported over steps 2..N: seconds per step, trained tokens p
 of the batches trained, the original's ``perf/throughput`` count), the GPU's busy fraction (``nvidia-smi``'s
 utilization.gpu, the share of time a kernel was running, sampled every 100 ms), peak memory, samples dropped for
 staleness, and the ratio to sync.
+
+``--schedule`` runs the same modes on CPU to count what each schedules, not how fast: the real trainer and
+schedulers with a one-layer model of a 512-token vocabulary, every length (prompts, drawn responses) divided by
+``SCHEDULE_SCALE``, and ``SCHEDULE_SLOTS`` cache slots (what the H100's cache holds for this workload). Per
+training step: decode steps, rows decoded per step, prompt and resumed tokens prefilled, all scaled back. It also
+prints an *estimate* of the GPU's seconds per step from these counts, with per-step costs fitted to the H100
+measurements in docs/benchmarks.md (``DECODE_STEP_S`` and the rest below). It is an estimate, for choosing what
+to measure. It is not a measurement.
 """
 
 from __future__ import annotations
@@ -39,6 +48,17 @@ sys.path.insert(0, REPO)
 PROMPTS, SAMPLES, MAX_RESPONSE = 64, 8, 4096
 TAIL_SHARE, BODY, TAIL_EXPONENT = 0.1, (200, 600), 1.2
 DISTINCT_BATCHES = 16  # batches of distinct prompts in train.parquet
+# --schedule: lengths divided by SCHEDULE_SCALE; slots as the H100 planned them (about 0.5 of 70 free GiB at 55 MiB
+# for a slot of 4,480 columns).
+SCHEDULE_SCALE, SCHEDULE_SLOTS = 8, 590
+# The estimate's costs on one H100 (docs/benchmarks.md). A decode step of this shape: DECODE_STEP_S, plus
+# DECODE_ROW_S per row of its bucket, plus the live rows' keys and values (KV_BYTES_PER_TOKEN per column) read at
+# HBM_BYTES_PER_S; fitted to 1.84 ms at 64 rows and 2.48 ms at 256 rows of ~512 columns. Prefill: PREFILL_TOKEN_S
+# (98,304 prompt tokens in 0.24 s). Update: UPDATE_TOKEN_S per trained token (3.5 s for 400k tokens, checkpointing
+# off). A generation call: GENERATE_CALL_S besides its decode and prefill (sync's 3.78 s generation against 2.94 s
+# of modelled decoding on the earlier workload). Anything else in a step: OTHER_S.
+DECODE_STEP_S, DECODE_ROW_S, KV_BYTES_PER_TOKEN, HBM_BYTES_PER_S = 1.6e-3, 1.3e-6, 12288, 3.0e12
+PREFILL_TOKEN_S, UPDATE_TOKEN_S, GENERATE_CALL_S, OTHER_S = 2.5e-6, 8.75e-6, 0.8, 0.15
 MODES = {
     "sync": [],
     "async_s1": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=1"],
@@ -87,23 +107,31 @@ def force_stops(table, samples: int, eos_id: int) -> None:
     scheduler.Run._record = _record
 
 
-def prepare(out: str, tiny: bool) -> dict:
-    """The peer benchmark's model folder and reward (bench/peer_grpo.py; ``tiny``: its CPU-sized model), and
-    ``DISTINCT_BATCHES`` batches of numbered prompts in place of its one batch (which repeats the fixture's few
+def prepare(out: str, tiny: bool, schedule: bool = False) -> dict:
+    """The model folder, reward and prompts. The model and reward are the peer benchmark's (bench/peer_grpo.py;
+    ``tiny``: its CPU-sized model; ``schedule``: one layer over its 512-token vocabulary). The prompts are
+    ``DISTINCT_BATCHES`` batches of numbered ones, in place of its one batch (which repeats the fixture's few
     questions, so its prompts, and with them the drawn lengths, would repeat)."""
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from bench.peer_grpo import pack_questions, write_prompts
+    from bench.peer_grpo import PROMPT_TOKENS, pack_questions, write_prompts
     from bench.peer_grpo import prepare as peer_prepare
+    from verl.utils.tiny_model import build_tiny_causal_lm
 
-    prepared = peer_prepare(out, quick=tiny)
+    prepared = peer_prepare(out, quick=tiny or schedule)
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    if schedule:
+        prepared["model"] = build_tiny_causal_lm(os.path.join(out, "model"), os.path.join(out, "tokenizer"),
+                                                 hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                                 intermediate_size=64)
     fixture = os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k/main/train-00000-of-00001.parquet")
     questions = list(pd.read_parquet(fixture)["question"])
-    count, target = (8 if tiny else PROMPTS) * DISTINCT_BATCHES, max(prepared["prompt_tokens"])
-    packed, _ = pack_questions(tokenizer, questions, count, target - 16)  # room for the number
-    prompts = [f"Problem {i}. {text}" for i, text in enumerate(packed)]
+    count = (8 if tiny else PROMPTS) * DISTINCT_BATCHES
+    target = PROMPT_TOKENS // SCHEDULE_SCALE if schedule else max(prepared["prompt_tokens"])
+    label = "P" if schedule else "Problem"
+    packed, _ = pack_questions(tokenizer, questions, count, target - (12 if schedule else 16))  # room for the number
+    prompts = [f"{label} {i}. {text}" for i, text in enumerate(packed)]
     lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=True)["input_ids"]) for p in prompts]
     if len(set(prompts)) != count:
@@ -112,12 +140,17 @@ def prepare(out: str, tiny: bool) -> dict:
     return {"model": prepared["model"], "prompt_tokens": lengths}
 
 
-def command(out: str, prepared: dict, steps: int, tiny: bool, overrides: list[str]) -> list[str]:
-    response = 64 if tiny else MAX_RESPONSE
-    prompts = 8 if tiny else PROMPTS
+def longest(args) -> int:
+    """The longest response of the run: the workload's, or scaled down for ``--tiny`` and ``--schedule``."""
+    return 64 if args.tiny else MAX_RESPONSE // SCHEDULE_SCALE if args.schedule else MAX_RESPONSE
+
+
+def command(out: str, prepared: dict, steps: int, args, overrides: list[str]) -> list[str]:
+    prompts = 8 if args.tiny else PROMPTS
+    on_cpu = args.tiny or args.schedule
     return [
         "algorithm.adv_estimator=grpo", f"data.train_files={out}/train.parquet", f"data.train_batch_size={prompts}",
-        f"data.max_prompt_length={max(prepared['prompt_tokens'])}", f"data.max_response_length={response}",
+        f"data.max_prompt_length={max(prepared['prompt_tokens'])}", f"data.max_response_length={longest(args)}",
         f"actor_rollout_ref.model.path={out}/model", "actor_rollout_ref.actor.optim.lr=1e-6",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}", f"actor_rollout_ref.rollout.n={SAMPLES}",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_k=-1",
@@ -125,35 +158,91 @@ def command(out: str, prepared: dict, steps: int, tiny: bool, overrides: list[st
         f"custom_reward_function.path={out}/reward.py", "custom_reward_function.name=compute_score",
         "trainer.logger=['console','file']", "trainer.val_before_train=False", "trainer.test_freq=-1",
         "trainer.save_freq=-1", f"trainer.total_training_steps={steps}", "trainer.n_gpus_per_node=1",
-        f"trainer.device={'cpu' if tiny else 'cuda'}", "trainer.backend=local", "trainer.resume_mode=disable",
-        f"trainer.default_local_dir={out}/ckpt", "trainer.experiment_name=async_longtail", *overrides,
+        f"trainer.device={'cpu' if on_cpu else 'cuda'}", "trainer.backend=local", "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={out}/ckpt", "trainer.experiment_name=async_longtail",
+        *([f"actor_rollout_ref.rollout.max_num_seqs={SCHEDULE_SLOTS}"] if args.schedule else []), *overrides,
     ]
 
 
+def count_schedule() -> list[dict]:
+    """Count, per training step, what the native rollout schedules (``--schedule``): returns the list the counts
+    of each finished step are appended to (by :func:`end_step`)."""
+    from verl.workers.rollout.native import scheduler, stream
+
+    steps = [{"decode_steps": 0, "live_rows": 0, "bucket_rows": 0, "decode_est_s": 0.0, "prompt_tokens": 0,
+              "resumed_rows": 0, "resumed_tokens": 0}]
+    scale = SCHEDULE_SCALE
+    decode_step, prefill_prompts, prefill_suspended = (scheduler.Run._decode_step, scheduler.Run._prefill,
+                                                       stream.StreamRun._prefill_suspended)
+
+    def _decode_step(self, b):
+        live = self.state.live[:b]
+        rows = int(live.sum())
+        columns = int((self.state.write_pos[:b] - self.state.start[:b])[live].sum()) * scale
+        current = steps[-1]
+        current["decode_steps"] += 1
+        current["live_rows"] += rows
+        current["bucket_rows"] += b
+        current["decode_est_s"] += (DECODE_STEP_S + b * DECODE_ROW_S
+                                    + columns * KV_BYTES_PER_TOKEN / HBM_BYTES_PER_S) * scale
+        return decode_step(self, b)
+
+    def _prefill(self, prompts, rows, slots):
+        steps[-1]["prompt_tokens"] += len(prompts) * (self.width - min(self.pads[p] for p in prompts))
+        return prefill_prompts(self, prompts, rows, slots)
+
+    def _prefill_suspended(self, rows, slots):
+        steps[-1]["resumed_rows"] += len(rows)
+        steps[-1]["resumed_tokens"] += sum(self.width - self.pads[r // self.n] + int(self.row_steps[r]) - 1
+                                           for r in rows)
+        return prefill_suspended(self, rows, slots)
+
+    scheduler.Run._decode_step = _decode_step
+    scheduler.Run._prefill = _prefill
+    stream.StreamRun._prefill_suspended = _prefill_suspended
+    return steps
+
+
+def end_step(steps: list[dict]) -> None:
+    """Close the current step's counts (scaled back to the workload's lengths) and open the next."""
+    done = steps[-1]
+    for key in ("live_rows", "bucket_rows"):  # per decode step
+        done[key] /= max(1, done["decode_steps"])
+    for key in ("decode_steps", "prompt_tokens", "resumed_tokens"):
+        done[key] *= SCHEDULE_SCALE
+    steps.append({key: 0 * value for key, value in done.items()})
+
+
 def run_child(args) -> None:
-    """One mode, in this process: patch the stops, run main_ppo, stamp each step's end."""
+    """One mode, in this process: patch the stops, run main_ppo, stamp each step's end (and count its schedule)."""
     from transformers import AutoTokenizer
 
     from verl.trainer import main_ppo
     from verl.utils import tracking
 
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.out, "model"))
-    force_stops(length_table(4096, 64 if args.tiny else MAX_RESPONSE), SAMPLES, tokenizer.eos_token_id)
+    force_stops(length_table(4096, longest(args)), SAMPLES, tokenizer.eos_token_id)
+    schedule = count_schedule() if args.schedule else None
     ends = []
     log = tracking.Tracking.log
 
     def stamped(self, data, step, *a, **k):
         ends.append(time.time())
+        if schedule is not None:
+            end_step(schedule)
         return log(self, data, step, *a, **k)
 
     tracking.Tracking.log = stamped
     overrides = json.loads(args._child)
     with open(os.path.join(args.out, "prepared.json")) as f:
         prepared = json.load(f)
-    if main_ppo.main(command(args.out, prepared, args.steps, args.tiny, overrides)) != 0:
+    if main_ppo.main(command(args.out, prepared, args.steps, args, overrides)) != 0:
         sys.exit(1)
     with open(os.path.join(args.out, f"{args._name}.ends.json"), "w") as f:
         json.dump(ends, f)
+    if schedule is not None:
+        with open(os.path.join(args.out, f"{args._name}.schedule.json"), "w") as f:
+            json.dump(schedule[:-1], f)
 
 
 class Utilization:
@@ -184,11 +273,43 @@ class Utilization:
             self.proc.terminate()
 
 
+def schedule_summary(counts: list[dict], metrics: list[dict]) -> dict:
+    """Medians over steps 2..N of one mode's schedule counts (``--schedule``), and the estimated GPU seconds per
+    step and trained tokens per second they imply (the cost constants above; an estimate, not a measurement)."""
+    steps = []
+    for c, m in zip(counts, metrics):
+        trained = m["perf/total_num_tokens"] * SCHEDULE_SCALE
+        generate = (c["decode_est_s"] + (c["prompt_tokens"] + c["resumed_tokens"]) * PREFILL_TOKEN_S
+                    + GENERATE_CALL_S * m.get("async/generate_calls", 1))
+        steps.append({**c, "trained_tokens": trained, "est_generate_s": generate,
+                      "est_update_s": trained * UPDATE_TOKEN_S,
+                      "est_step_s": generate + trained * UPDATE_TOKEN_S + OTHER_S})
+    summary = {key: statistics.median(s[key] for s in steps) for key in steps[0]}
+    summary["est_tokens_per_s"] = sum(s["trained_tokens"] for s in steps) / sum(s["est_step_s"] for s in steps)
+    return summary
+
+
+def print_schedule(results: dict) -> None:
+    base = results.get("sync", {}).get("schedule")
+    print("\nsteps 2..N, per training step (medians), lengths scaled back; est_*: estimated H100 seconds, not measured")
+    print(f"{'':10} {'decode steps':>12} {'live rows':>9} {'bucket':>7} {'prompt tok':>10} {'resumed':>8} "
+          f"{'resumed tok':>11} {'dropped':>8} {'stale max':>9} {'resp mean':>9} {'est gen s':>9} {'est upd s':>9} "
+          f"{'est s/step':>10} {'est vs sync':>11}")
+    for name, r in results.items():
+        s = r["schedule"]
+        ratio = f"{s['est_tokens_per_s'] / base['est_tokens_per_s']:10.2f}x" if base else ""
+        print(f"{name:10} {s['decode_steps']:12.0f} {s['live_rows']:9.0f} {s['bucket_rows']:7.0f} "
+              f"{s['prompt_tokens']:10.0f} {s['resumed_rows']:8.0f} {s['resumed_tokens']:11.0f} {r['dropped']:8.0f} "
+              f"{r['staleness_max']:9.0f} {r['response_mean'] * SCHEDULE_SCALE:9.0f} {s['est_generate_s']:9.2f} "
+              f"{s['est_update_s']:9.2f} {s['est_step_s']:10.2f} {ratio:>11}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--schedule", action="store_true", help="count the schedule on CPU (see above)")
     parser.add_argument("--mode", action="append", default=[], help="NAME:key=value;... (default: sync, s1, s4)")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_name", help=argparse.SUPPRESS)
@@ -198,10 +319,12 @@ def main() -> None:
         run_child(args)
         return
     os.makedirs(args.out, exist_ok=True)
-    prepared = prepare(args.out, args.tiny)
+    if args.tiny and args.schedule:
+        parser.error("--tiny and --schedule are two different CPU runs: pick one")
+    prepared = prepare(args.out, args.tiny, args.schedule)
     with open(os.path.join(args.out, "prepared.json"), "w") as f:
         json.dump({"prompt_tokens": prepared["prompt_tokens"]}, f)
-    table = length_table(4096, 64 if args.tiny else MAX_RESPONSE)
+    table = length_table(4096, longest(args))
     print(f"response lengths: median {int(statistics.median(table))}, 90th percentile "
           f"{int(sorted(table)[int(0.9 * len(table))])}, max {int(table.max())}", flush=True)
     modes = dict(MODES)
@@ -220,7 +343,8 @@ def main() -> None:
         usage = Utilization()
         started = time.time()
         subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out, "--steps", str(args.steps),
-                        "--_child", json.dumps(overrides), "--_name", name] + (["--tiny"] if args.tiny else []),
+                        "--_child", json.dumps(overrides), "--_name", name] + (["--tiny"] if args.tiny else [])
+                       + (["--schedule"] if args.schedule else []),
                        check=True, env=env, cwd=args.out)
         usage.stop()
         with open(metrics_file) as f:
@@ -241,9 +365,15 @@ def main() -> None:
             "gen_s": statistics.median(s["timing_s/gen"] for s in later),
             "update_s": statistics.median(s["timing_s/update_actor"] for s in later),
         }
+        if args.schedule:
+            with open(os.path.join(args.out, f"{name}.schedule.json")) as f:
+                results[name]["schedule"] = schedule_summary(json.load(f)[1:], later)
         print(f"{name}: {json.dumps(results[name])}", flush=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(results, f, indent=1)
+    if args.schedule:
+        print_schedule(results)
+        return
     base = results.get("sync")
     print("\nsteps 2..N")
     print(f"{'':10} {'s/step':>7} {'tokens/s':>9} {'vs sync':>8} {'busy':>6} {'peak GiB':>9} {'dropped':>8} "
