@@ -20,7 +20,9 @@ original's default ``num_warmup_batches``; groups past the threshold dropped, it
 process of its own; reported over steps 2..N: seconds per step, trained tokens per second (prompt + response tokens
 of the batches trained, the original's ``perf/throughput`` count), the GPU's busy fraction (``nvidia-smi``'s
 utilization.gpu, the share of time a kernel was running, sampled every 100 ms), peak memory, samples dropped for
-staleness, and the ratio to sync.
+staleness, and the ratio to sync. A second table says where each step's generation goes: rollout calls and their
+seconds (the device synchronised around each), of which decoding, prompt prefill, the prefill of resumed rows,
+CUDA-graph capture (the graphs go with the cache freed after every call), the rest, and decode steps.
 
 ``--schedule`` runs the same modes on CPU to count what each schedules, not how fast: the real trainer and
 schedulers with a one-layer model of a 512-token vocabulary, every length (prompts, drawn responses) divided by
@@ -213,6 +215,53 @@ def end_step(steps: list[dict]) -> None:
     steps.append({key: 0 * value for key, value in done.items()})
 
 
+ROLLOUT_KEYS = ("decode_steps", "graph_captures", "prefill_s", "decode_s", "resume_prefill_s")
+
+
+def record_rollout() -> list[dict]:
+    """Time every call of the native rollout (device synchronised around it) and sum its statistics, per
+    training step: returns the list each finished step's record is appended to (by :func:`end_rollout_step`),
+    for the table of where generation goes."""
+    import torch
+
+    from verl.utils import startup
+    from verl.workers.rollout.native.engine import NativeRollout
+
+    steps = [{"calls": 0, "call_s": 0.0, **dict.fromkeys(ROLLOUT_KEYS, 0.0),
+              "capture_s": startup.WORKER.totals().get("cuda graph capture", 0.0)}]
+
+    def timed(method):
+        def call(self, *a, **k):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            tic = time.perf_counter()
+            try:
+                return method(self, *a, **k)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                current = steps[-1]
+                current["calls"] += 1
+                current["call_s"] += time.perf_counter() - tic
+                for key in ROLLOUT_KEYS:
+                    current[key] += float(self.last_stats.get(key, 0.0))
+        return call
+
+    NativeRollout.generate_sequences = timed(NativeRollout.generate_sequences)
+    NativeRollout.generate_stream = timed(NativeRollout.generate_stream)
+    return steps
+
+
+def end_rollout_step(steps: list[dict]) -> None:
+    """Close the current step's rollout record (graph capture seconds since the step began) and open the next."""
+    from verl.utils import startup
+
+    captured = startup.WORKER.totals().get("cuda graph capture", 0.0)
+    done = steps[-1]
+    done["capture_s"] = captured - done["capture_s"]
+    steps.append({**{key: 0 * value for key, value in done.items()}, "capture_s": captured})
+
+
 def run_child(args) -> None:
     """One mode, in this process: patch the stops, run main_ppo, stamp each step's end (and count its schedule)."""
     from transformers import AutoTokenizer
@@ -223,11 +272,13 @@ def run_child(args) -> None:
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.out, "model"))
     force_stops(length_table(4096, longest(args)), SAMPLES, tokenizer.eos_token_id)
     schedule = count_schedule() if args.schedule else None
+    rollout = record_rollout()
     ends = []
     log = tracking.Tracking.log
 
     def stamped(self, data, step, *a, **k):
         ends.append(time.time())
+        end_rollout_step(rollout)
         if schedule is not None:
             end_step(schedule)
         return log(self, data, step, *a, **k)
@@ -240,6 +291,8 @@ def run_child(args) -> None:
         sys.exit(1)
     with open(os.path.join(args.out, f"{args._name}.ends.json"), "w") as f:
         json.dump(ends, f)
+    with open(os.path.join(args.out, f"{args._name}.rollout.json"), "w") as f:
+        json.dump(rollout[:-1], f)
     if schedule is not None:
         with open(os.path.join(args.out, f"{args._name}.schedule.json"), "w") as f:
             json.dump(schedule[:-1], f)
@@ -365,6 +418,9 @@ def main() -> None:
             "gen_s": statistics.median(s["timing_s/gen"] for s in later),
             "update_s": statistics.median(s["timing_s/update_actor"] for s in later),
         }
+        with open(os.path.join(args.out, f"{name}.rollout.json")) as f:
+            calls = json.load(f)[1:]
+        results[name]["rollout"] = {key: statistics.median(c[key] for c in calls) for key in calls[0]}
         if args.schedule:
             with open(os.path.join(args.out, f"{name}.schedule.json")) as f:
                 results[name]["schedule"] = schedule_summary(json.load(f)[1:], later)
@@ -384,6 +440,17 @@ def main() -> None:
         print(f"{name:10} {r['seconds']:7.2f} {r['tokens_per_s']:9.0f} {ratio:>8} {busy} {r['peak_gib']:9.2f} "
               f"{r['dropped']:8.0f} {r['staleness_max']:9.0f} {r['response_mean']:9.0f} {r['gen_s']:7.2f} "
               f"{r['update_s']:9.2f}")
+    print("\nwhere generation goes, per training step (medians of steps 2..N; host seconds, the device synchronised"
+          " around each call)")
+    print(f"{'':10} {'calls':>5} {'call s':>7} {'decode s':>8} {'prefill s':>9} {'resume s':>8} {'capture s':>9} "
+          f"{'graphs':>6} {'other s':>7} {'decode steps':>12} {'ms/step':>7}")
+    for name, r in results.items():
+        c = r["rollout"]
+        other = c["call_s"] - c["decode_s"] - c["prefill_s"] - c["resume_prefill_s"] - c["capture_s"]
+        per_step = 1e3 * c["decode_s"] / c["decode_steps"] if c["decode_steps"] else 0.0
+        print(f"{name:10} {c['calls']:5.0f} {c['call_s']:7.2f} {c['decode_s']:8.2f} {c['prefill_s']:9.2f} "
+              f"{c['resume_prefill_s']:8.2f} {c['capture_s']:9.2f} {c['graph_captures']:6.0f} {other:7.2f} "
+              f"{c['decode_steps']:12.0f} {per_step:7.2f}")
 
 
 if __name__ == "__main__":
