@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.rollout import QUICK, QWEN25_05B, build_model, make_prompts, measure
+from bench.rollout import build_model, make_prompts, measure
 from verl.workers.rollout import NativeRollout
 from verl.workers.rollout.base import BaseRollout
 
@@ -123,11 +123,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     device = "cpu" if args.quick else "cuda"
-    shape = QUICK if args.quick else QWEN25_05B
     batch, n, prompt_len, budget = (4, 2, 16, 96) if args.quick else (64, 4, 256, 2048)
     turn = 12 if args.quick else args.turn
-    model = build_model(shape, device, torch.float32 if args.quick else torch.bfloat16)
-    vocab = shape["vocab_size"]
+    model = build_model("qwen2.5-0.5b", args.quick, device, torch.float32 if args.quick else torch.bfloat16)
+    vocab = model.config.vocab_size
     stop_ids = calibrate_stop_ids(model, vocab, prompt_len, device, turn)
     info = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "prompts": batch, "n": n, "prompt_len": prompt_len,

@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from bench.rollout import QUICK, QWEN25_05B
 from verl.models.loader import attention_implementation
 from verl.protocol import DataProto
-from verl.trainer.plan import GIB, shape_of_config, training_components
+from verl.trainer.plan import GIB, model_shape, training_components
 from verl.utils.flops_counter import FlopsCounter
 from verl.workers.actor import DataParallelPPOActor
 from verl.workers.engine import FSDPEngine
@@ -193,7 +193,9 @@ def main() -> None:
     counter = FlopsCounter(config, device_name=None if device.type == "cuda" else "cpu")
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "rows": rows, "micro": micros, "cases": {}}
-    shape = shape_of_config(config)
+    folder = tempfile.mkdtemp()  # the planner reads a model folder's config
+    config.save_pretrained(folder)
+    shape = model_shape(folder, config_key="bench/train_step.py's model")
     print(f"{'workload':8} {'run':24} {'s/step':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'planned':>8} "
           f"{'vs baseline':>12}")
     if args.profile:
