@@ -120,7 +120,7 @@ def prepare(out: str, tiny: bool, schedule: bool = False) -> dict:
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from bench.peer_grpo import PROMPT_TOKENS, pack_questions, write_prompts
+    from bench.peer_grpo import PROMPT_TOKENS, numbered_prompts, write_prompts
     from bench.peer_grpo import prepare as peer_prepare
     from verl.utils.tiny_model import build_tiny_causal_lm
 
@@ -133,14 +133,10 @@ def prepare(out: str, tiny: bool, schedule: bool = False) -> dict:
     fixture = os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k/main/train-00000-of-00001.parquet")
     questions = list(pd.read_parquet(fixture)["question"])
     count = (8 if tiny else PROMPTS) * DISTINCT_BATCHES
-    target = PROMPT_TOKENS // SCHEDULE_SCALE if schedule else max(prepared["prompt_tokens"])
-    label = "P" if schedule else "Problem"
-    packed, _ = pack_questions(tokenizer, questions, count, target - (12 if schedule else 16))  # room for the number
-    prompts = [f"{label} {i}. {text}" for i, text in enumerate(packed)]
-    lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True)["input_ids"]) for p in prompts]
-    if len(set(prompts)) != count:
-        raise RuntimeError(f"expected {count} distinct prompts, got {len(set(prompts))}")
+    if schedule:
+        prompts, lengths = numbered_prompts(tokenizer, questions, count, PROMPT_TOKENS // SCHEDULE_SCALE, "P", 12)
+    else:
+        prompts, lengths = numbered_prompts(tokenizer, questions, count, max(prepared["prompt_tokens"]))
     write_prompts(prompts, "peer_bench", os.path.join(out, "train.parquet"))
     return {"model": prepared["model"], "prompt_tokens": lengths}
 

@@ -39,9 +39,10 @@ their generation times. Where time goes: the stages, and the vision tower's shar
 a training pass (its 6·N·patches + attention over its windows, against the language model's count from
 ``verl.utils.flops_counter``, whose qwen2_5_vl formula counts the language model only -- so
 ``perf/mfu/actor`` leaves the vision tower out, and the table also prints it scaled to include the tower). The
-tower's count takes each prompt's images once, not once per sample: a micro-batch encodes its distinct images
-once (``verl.models.vision.multi_modal_batch``), so the n samples of a group need one encoding between them
-(a group split across micro-batches is encoded once in each, work this count leaves out).
+tower's count takes every sample's images. A micro-batch encodes its identical images once
+(``verl.models.vision.multi_modal_batch``), but the update's balanced micro-batches take a group's samples apart,
+so that saves little; the count is an upper bound. Every prompt and picture is distinct (checked when the data is
+written).
 
 The random vision-language model never writes its image/video placeholders into a response: both engines
 suppress them (``verl.models.vision.placeholder_token_ids``), since the actor's forward refuses an image slot
@@ -63,7 +64,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.peer_grpo import REWARD, pack_questions, write_prompts  # noqa: E402
+from bench.peer_grpo import REWARD, numbered_prompts, write_prompts  # noqa: E402
 from bench.ppo_step import planned_peak_gib, run_main_ppo  # noqa: E402
 
 MOE_LAYERS = 5  # the most layers whose planned peak is within FIT_SHARE of an 80 GiB GPU (--plan-only shows 5 and 6)
@@ -194,7 +195,7 @@ def moe_data(out: str, quick: bool) -> tuple[str, list[int]]:
     fixture = os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k/main/train-00000-of-00001.parquet")
     questions = list(pd.read_parquet(fixture)["question"])
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_tokenizer(os.path.join(out, "tokenizer"), corpus=questions))
-    prompts, lengths = pack_questions(tokenizer, questions, work["prompts"], work["prompt_tokens"])
+    prompts, lengths = numbered_prompts(tokenizer, questions, work["prompts"], work["prompt_tokens"])
     path = os.path.join(out, "train.parquet")
     write_prompts(prompts, "model_step_bench", path)
     return path, lengths
@@ -202,7 +203,11 @@ def moe_data(out: str, quick: bool) -> tuple[str, list[int]]:
 
 def vlm_raw_rows(quick: bool) -> list[dict]:
     """geometry3k-shaped raw rows (images, problem, answer): the fixture's problems, one picture for even rows
-    and two for odd ones, drawn at ``image`` x ``image`` pixels by the fixture's own ``draw``."""
+    and two for odd ones, drawn at ``image`` x ``image`` pixels by the fixture's own ``draw``. Every row and
+    every picture is distinct (a numbered problem; corners moved and the label numbered per picture): the
+    trainer encodes identical images once, so repeated ones would do less work than the workload describes."""
+    import hashlib
+
     sys.path.insert(0, os.path.join(REPO, "examples/data_preprocess/fixtures"))
     from make_geo3k_fixture import PROBLEMS, draw
 
@@ -212,11 +217,16 @@ def vlm_raw_rows(quick: bool) -> list[dict]:
     for i in range(work["prompts"]):
         problem, answer, corners, label = PROBLEMS[i % len(PROBLEMS)]
         pictures = 1 + i % 2
-        corners = [(x * scale, y * scale) for x, y in corners]
-        images = [{"bytes": draw(corners, label, size=(side, side)), "path": f"train_{i}_{k}.png"}
-                  for k in range(pictures)]
+        images = []
+        for k in range(pictures):
+            shift = (i + 3 * k) % 5  # fixture pixels
+            moved = [(x * scale, (y - shift) * scale) for x, y in corners]
+            images.append({"bytes": draw(moved, f"{label} {i}.{k}", size=(side, side)), "path": f"train_{i}_{k}.png"})
         text = problem.replace("<image>", "")
-        rows.append({"images": images, "problem": "<image>" * pictures + text, "answer": answer})
+        rows.append({"images": images, "problem": "<image>" * pictures + f"Figure {i}. " + text, "answer": answer})
+    pictures = [hashlib.sha256(image["bytes"]).hexdigest() for row in rows for image in row["images"]]
+    if len({row["problem"] for row in rows}) != len(rows) or len(set(pictures)) != len(pictures):
+        raise RuntimeError("vlm_raw_rows: expected distinct problems and pictures")
     return rows
 
 
@@ -437,7 +447,9 @@ def measure(shape: str, out: str, prepared: dict, steps: int, quick: bool, devic
         from verl.utils.flops_counter import FLOPS_ESTIMATORS
 
         seqlens = [n + work["response"] for n in lengths for _ in range(work["samples"])]
-        patches = prepared["image_patches"]  # each prompt's images once: its samples share one encoding
+        # Each sample's images: the update's micro-batches take a group's samples apart, so each encodes its own
+        # (a micro-batch holding two samples of one prompt encodes them once: this count is an upper bound).
+        patches = prepared["image_patches"] * work["samples"]
         vision = prepared["config"].vision_config.to_dict()
         text_flops = FLOPS_ESTIMATORS["qwen2_5_vl"](prepared["config"], seqlens)
         result["vision_flops_share"] = vit_flops(vision, patches) / (vit_flops(vision, patches) + text_flops)

@@ -151,6 +151,19 @@ def pack_questions(tokenizer, questions: list[str], count: int, target: int) -> 
     return prompts, lengths
 
 
+def numbered_prompts(tokenizer, questions: list[str], count: int, target: int, label: str = "Problem",
+                     room: int = 16) -> tuple[list[str], list[int]]:
+    """``count`` distinct prompts: :func:`pack_questions` within ``target - room`` tokens, each numbered
+    (``"{label} {i}. "``), since the fixture's few questions repeat; and their lengths in tokens."""
+    packed, _ = pack_questions(tokenizer, questions, count, target - room)
+    prompts = [f"{label} {i}. {text}" for i, text in enumerate(packed)]
+    lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=True)["input_ids"]) for p in prompts]
+    if len(set(prompts)) != count:
+        raise RuntimeError(f"expected {count} distinct prompts, got {len(set(prompts))}")
+    return prompts, lengths
+
+
 def write_prompts(prompts: list[str], data_source: str, path: str) -> None:
     """The prompts as a training parquet (verl's schema; an empty ground truth for the benchmark's reward)."""
     import pandas as pd
