@@ -7,7 +7,8 @@ The workload, identical for both:
 - one random-weight model folder of the Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads,
   intermediate 4864, the full 151,936 vocabulary, tied embeddings) with a small BPE tokenizer;
 - 64 prompts of about 380 tokens (GSM8K questions of the bundled fixture, concatenated, as one chat
-  user turn) x 4 generations, completions forced to 256 tokens (TRL: ``min_new_tokens``; ours:
+  user turn; the fixture's 12 questions make 6 distinct prompts, which leaves the timing alone: lengths are
+  forced and neither side caches by content) x 4 generations, completions forced to 256 tokens (TRL: ``min_new_tokens``; ours:
   ``ignore_eos``), temperature 1, no top-k/top-p;
 - KL to the reference policy with beta 0.001 (k3), one optimizer step per batch of 256 completions,
   micro-batch 16, lr 1e-6, bf16 compute; gradient checkpointing on for TRL, as its users run it;
