@@ -21,8 +21,9 @@ process of its own; reported over steps 2..N: seconds per step, trained tokens p
 of the batches trained, the original's ``perf/throughput`` count), the GPU's busy fraction (``nvidia-smi``'s
 utilization.gpu, the share of time a kernel was running, sampled every 100 ms), peak memory, samples dropped for
 staleness, and the ratio to sync. A second table says where each step's generation goes: rollout calls and their
-seconds (the device synchronised around each), of which decoding, prompt prefill, the prefill of resumed rows,
-CUDA-graph capture (the graphs go with the cache freed after every call), the rest, and decode steps.
+seconds (the device synchronised around each call and each phase, which costs a little), of which decoding (and
+within it CUDA-graph capture: the graphs go with the cache freed after every call), prompt prefill, the prefill
+of resumed rows, the rest, and decode steps with their mean time outside capture.
 
 ``--schedule`` runs the same modes on CPU to count what each schedules, not how fast: the real trainer and
 schedulers with a one-layer model of a 512-token vocabulary, every length (prompts, drawn responses) divided by
@@ -50,20 +51,23 @@ sys.path.insert(0, REPO)
 PROMPTS, SAMPLES, MAX_RESPONSE = 64, 8, 4096
 TAIL_SHARE, BODY, TAIL_EXPONENT = 0.1, (200, 600), 1.2
 DISTINCT_BATCHES = 16  # batches of distinct prompts in train.parquet
-# --schedule: lengths divided by SCHEDULE_SCALE; slots as the H100 planned them (about 0.5 of 70 free GiB at 55 MiB
-# for a slot of 4,480 columns).
+# --schedule: lengths divided by SCHEDULE_SCALE; slots about as many as an H100's cache holds for this workload (half
+# of about 70 GB free, less the 2.5 GB the engine keeps for logits, at 55 MB for a slot of 4,480 columns; not read
+# from a GPU run).
 SCHEDULE_SCALE, SCHEDULE_SLOTS = 8, 590
 # The estimate's costs on one H100 (docs/benchmarks.md). A decode step of this shape: DECODE_STEP_S, plus
 # DECODE_ROW_S per row of its bucket, plus the live rows' keys and values (KV_BYTES_PER_TOKEN per column) read at
-# HBM_BYTES_PER_S; DECODE_ROW_S from the measured steps of 64 and 256 rows (1.84 and 2.48 ms, ~512 columns).
+# HBM_BYTES_PER_S; DECODE_ROW_S from the measured steps of 64 and 256 rows (1.84 and 2.48 ms, ~512 columns). Every
+# live row is charged its own prompt columns, though a group's rows prefilled together read one copy (resumed rows
+# do not share): this overstates sync's key/value reads more than the asynchronous modes'.
 # Prefill: PREFILL_TOKEN_S (98,304 prompt tokens in 0.24 s). Update: UPDATE_TOKEN_S per trained token (3.5 s for
 # 400k tokens, checkpointing off). A generation call costs GENERATE_CALL_S besides its decoding and prefill. That
 # constant and DECODE_STEP_S are fitted to two measured generation times of the workload before its tail was
 # restored, 3.78 s (sync) and 3.14 s (staleness 1), with this script's counts of that workload's exact lengths.
 # The fit is fragile: a 0.15 s error in either time moves DECODE_STEP_S by about 0.2 ms. Anything else in a
 # step: OTHER_S.
-DECODE_STEP_S, DECODE_ROW_S, KV_BYTES_PER_TOKEN, HBM_BYTES_PER_S = 1.19e-3, 1.3e-6, 12288, 3.0e12
-PREFILL_TOKEN_S, UPDATE_TOKEN_S, GENERATE_CALL_S, OTHER_S = 2.5e-6, 8.75e-6, 1.33, 0.15
+DECODE_STEP_S, DECODE_ROW_S, KV_BYTES_PER_TOKEN, HBM_BYTES_PER_S = 1.23e-3, 1.3e-6, 12288, 3.0e12
+PREFILL_TOKEN_S, UPDATE_TOKEN_S, GENERATE_CALL_S, OTHER_S = 2.5e-6, 8.75e-6, 1.30, 0.15
 MODES = {
     "sync": [],
     "async_s1": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=1"],
@@ -84,9 +88,12 @@ def length_table(size: int, longest: int, seed: int = 0):
 
 
 def force_stops(table, samples: int, eos_id: int) -> None:
-    """Make the native engine emit ``eos_id`` once a row has generated its drawn number of tokens. A row's draw is
-    picked by a hash of its prompt's tokens and its sample index, so the synchronous and the streaming schedulers
-    (which number rows and pad prompts differently) stop the same sample at the same length."""
+    """Make the native engine emit ``eos_id`` once a row has generated its drawn number of tokens, and never
+    before: a stop token the model samples earlier is replaced by a token that does not stop (a random model
+    samples one about once per vocabulary size: rarely with 151,936 ids, every ~512 tokens with ``--schedule``'s
+    512). A row's draw is picked by a hash of its prompt's tokens and its sample index, so the synchronous and the
+    streaming schedulers (which number rows and pad prompts differently) stop the same sample at the same
+    length."""
     import torch
 
     from verl.workers.rollout.native import scheduler
@@ -98,14 +105,16 @@ def force_stops(table, samples: int, eos_id: int) -> None:
         device = self.input_ids.device
         if device not in cached:
             generator = torch.Generator().manual_seed(1)
+            stops = set(self.eos.tolist())
             cached[device] = (torch.randint(1, 2**20, (8192,), generator=generator).to(device),
-                              torch.as_tensor(table, device=device))
-        weights, lengths = cached[device]
+                              torch.as_tensor(table, device=device), next(i for i in range(1, 2**20) if i not in stops))
+        weights, lengths, goes_on = cached[device]
         live = rows < self.rows
         prompt = torch.where(live, rows // samples, 0)
         ids = self.input_ids[prompt]  # left-padded: the last token always meets the last weight
         digest = (ids * weights[-ids.shape[1]:]).sum(-1) + (rows % samples) * 7919
         target = lengths[digest % len(lengths)]
+        tokens.masked_fill_(live & (steps + 1 < target) & torch.isin(tokens, self.eos), goes_on)
         tokens.masked_fill_(live & (steps + 1 >= target), eos_id)
         return record(self, rows, steps, tokens, log_probs)
 
@@ -120,7 +129,7 @@ def prepare(out: str, tiny: bool, schedule: bool = False) -> dict:
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from bench.peer_grpo import PROMPT_TOKENS, numbered_prompts, write_prompts
+    from bench.peer_grpo import PROMPT_TOKENS, numbered_prompts, pack_questions, write_prompts
     from bench.peer_grpo import prepare as peer_prepare
     from verl.utils.tiny_model import build_tiny_causal_lm
 
@@ -133,12 +142,33 @@ def prepare(out: str, tiny: bool, schedule: bool = False) -> dict:
     fixture = os.path.join(REPO, "examples/data_preprocess/fixtures/gsm8k/main/train-00000-of-00001.parquet")
     questions = list(pd.read_parquet(fixture)["question"])
     count = (8 if tiny else PROMPTS) * DISTINCT_BATCHES
-    if schedule:
-        prompts, lengths = numbered_prompts(tokenizer, questions, count, PROMPT_TOKENS // SCHEDULE_SCALE, "P", 12)
+    if schedule:  # the chat template is not scaled: questions are cut so that whole prompts average 1/8 of the GPU's
+        _, peer = pack_questions(tokenizer, questions, PROMPTS, PROMPT_TOKENS)
+        _, full = numbered_prompts(tokenizer, questions, count, max(peer))
+        prompts, lengths = cut_prompts(tokenizer, questions, count, round(statistics.mean(full) / SCHEDULE_SCALE + 0.5))
     else:
         prompts, lengths = numbered_prompts(tokenizer, questions, count, max(prepared["prompt_tokens"]))
     write_prompts(prompts, "peer_bench", os.path.join(out, "train.parquet"))
     return {"model": prepared["model"], "prompt_tokens": lengths}
+
+
+def cut_prompts(tokenizer, questions: list[str], count: int, target: int) -> tuple[list[str], list[int]]:
+    """``count`` numbered prompts of the questions' first words, as many as keep the chat-templated prompt within
+    ``target`` tokens; and their lengths."""
+    def length(text: str) -> int:
+        return len(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=True)["input_ids"])
+
+    prompts, lengths = [], []
+    for i in range(count):
+        words, text = questions[i % len(questions)].split(), f"P {i}."
+        for word in words:
+            if length(f"{text} {word}") > target:
+                break
+            text = f"{text} {word}"
+        prompts.append(text)
+        lengths.append(length(text))
+    return prompts, lengths
 
 
 def longest(args) -> int:
@@ -218,19 +248,22 @@ ROLLOUT_KEYS = ("decode_steps", "graph_captures", "prefill_s", "decode_s", "resu
 
 
 def record_rollout() -> list[dict]:
-    """Time every call of the native rollout (device synchronised around it) and sum its statistics, per
-    training step: returns the list each finished step's record is appended to (by :func:`end_rollout_step`),
-    for the table of where generation goes."""
+    """Time every call of the native rollout (device synchronised around it, and at each of its phases: the
+    engine's ``profile``) and sum its statistics, per training step: returns the list each finished step's record
+    is appended to (by :func:`end_rollout_step`), for the table of where generation goes. A rollout decoding on a
+    thread of its own (``overlap_generation``, ``separate_async``) is timed per call only: its phases are the
+    thread's, not the call's."""
     import torch
 
     from verl.utils import startup
     from verl.workers.rollout.native.engine import NativeRollout
 
-    steps = [{"calls": 0, "call_s": 0.0, **dict.fromkeys(ROLLOUT_KEYS, 0.0),
+    steps = [{"calls": 0, "call_s": 0.0, "threaded": 0, **dict.fromkeys(ROLLOUT_KEYS, 0.0),
               "capture_s": startup.WORKER.totals().get("cuda graph capture", 0.0)}]
 
     def timed(method):
         def call(self, *a, **k):
+            self.profile = True
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             tic = time.perf_counter()
@@ -242,8 +275,11 @@ def record_rollout() -> list[dict]:
                 current = steps[-1]
                 current["calls"] += 1
                 current["call_s"] += time.perf_counter() - tic
-                for key in ROLLOUT_KEYS:
-                    current[key] += float(self.last_stats.get(key, 0.0))
+                if self.server is not None:
+                    current["threaded"] = 1
+                else:
+                    for key in ROLLOUT_KEYS:
+                        current[key] += float(self.last_stats.get(key, 0.0))
         return call
 
     NativeRollout.generate_sequences = timed(NativeRollout.generate_sequences)
@@ -439,16 +475,19 @@ def main() -> None:
         print(f"{name:10} {r['seconds']:7.2f} {r['tokens_per_s']:9.0f} {ratio:>8} {busy} {r['peak_gib']:9.2f} "
               f"{r['dropped']:8.0f} {r['staleness_max']:9.0f} {r['response_mean']:9.0f} {r['gen_s']:7.2f} "
               f"{r['update_s']:9.2f}")
-    print("\nwhere generation goes, per training step (medians of steps 2..N; host seconds, the device synchronised"
-          " around each call)")
-    print(f"{'':10} {'calls':>5} {'call s':>7} {'decode s':>8} {'prefill s':>9} {'resume s':>8} {'capture s':>9} "
+    print("\nwhere generation goes, per training step (medians of steps 2..N; the device synchronised around each call"
+          " and phase; decode includes the graph captures)")
+    print(f"{'':10} {'calls':>5} {'call s':>7} {'decode s':>8} {'(capture)':>9} {'prefill s':>9} {'resume s':>8} "
           f"{'graphs':>6} {'other s':>7} {'decode steps':>12} {'ms/step':>7}")
     for name, r in results.items():
         c = r["rollout"]
-        other = c["call_s"] - c["decode_s"] - c["prefill_s"] - c["resume_prefill_s"] - c["capture_s"]
-        per_step = 1e3 * c["decode_s"] / c["decode_steps"] if c["decode_steps"] else 0.0
-        print(f"{name:10} {c['calls']:5.0f} {c['call_s']:7.2f} {c['decode_s']:8.2f} {c['prefill_s']:9.2f} "
-              f"{c['resume_prefill_s']:8.2f} {c['capture_s']:9.2f} {c['graph_captures']:6.0f} {other:7.2f} "
+        if c["threaded"]:
+            print(f"{name:10} {c['calls']:5.0f} {c['call_s']:7.2f}   (a rollout thread of its own: no phases)")
+            continue
+        other = c["call_s"] - c["decode_s"] - c["prefill_s"] - c["resume_prefill_s"]
+        per_step = 1e3 * (c["decode_s"] - c["capture_s"]) / c["decode_steps"] if c["decode_steps"] else 0.0
+        print(f"{name:10} {c['calls']:5.0f} {c['call_s']:7.2f} {c['decode_s']:8.2f} {c['capture_s']:9.2f} "
+              f"{c['prefill_s']:9.2f} {c['resume_prefill_s']:8.2f} {c['graph_captures']:6.0f} {other:7.2f} "
               f"{c['decode_steps']:12.0f} {per_step:7.2f}")
 
 

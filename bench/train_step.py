@@ -193,9 +193,9 @@ def main() -> None:
     counter = FlopsCounter(config, device_name=None if device.type == "cuda" else "cpu")
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "rows": rows, "micro": micros, "cases": {}}
-    folder = tempfile.mkdtemp()  # the planner reads a model folder's config
-    config.save_pretrained(folder)
-    shape = model_shape(folder, config_key="bench/train_step.py's model")
+    with tempfile.TemporaryDirectory() as folder:  # the planner reads a model folder's config
+        config.save_pretrained(folder)
+        shape = model_shape(folder, config_key="bench/train_step.py's model")
     print(f"{'workload':8} {'run':24} {'s/step':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'planned':>8} "
           f"{'vs baseline':>12}")
     if args.profile:
