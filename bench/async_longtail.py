@@ -9,9 +9,9 @@ The workload: a random-weight model of the Qwen2.5-0.5B shape (24 layers, hidden
 The prompts are numbered (``DISTINCT_BATCHES`` x 64 of them, none repeated within a run of that many steps), so
 that every sample of every step meets a draw of its own.
 Each sample's response length is drawn once from a heavy-tailed distribution (seed fixed): 90% uniform in
-200-600 tokens, 10% from a Pareto tail (exponent 1.2) from 600 up to 4,096; a random model never stops by
-itself, so the engine's stop token is forced at the drawn length (this script patches the scheduler's record of
-sampled tokens in its own process, which is why the runs use ``trainer.backend=local``). The draw depends on the
+200-600 tokens, 10% from a Pareto tail (exponent 1.2) from 600 up to 4,096. The engine's stop token is forced
+at the drawn length, and a stop token the random model samples before it is replaced (this script patches the
+scheduler's record of sampled tokens in its own process, which is why the runs use ``trainer.backend=local``). The draw depends on the
 prompt's tokens (right-aligned, so the padding width does not matter) and the sample's index only, so every mode
 meets the same lengths.
 
