@@ -155,19 +155,17 @@ def prepare(out: str, tiny: bool, schedule: bool = False) -> dict:
 def cut_prompts(tokenizer, questions: list[str], count: int, target: int) -> tuple[list[str], list[int]]:
     """``count`` numbered prompts of the questions' first words, as many as keep the chat-templated prompt within
     ``target`` tokens; and their lengths."""
-    def length(text: str) -> int:
-        return len(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True)["input_ids"])
+    from bench.peer_grpo import prompt_length
 
     prompts, lengths = [], []
     for i in range(count):
         words, text = questions[i % len(questions)].split(), f"P {i}."
         for word in words:
-            if length(f"{text} {word}") > target:
+            if prompt_length(tokenizer, f"{text} {word}") > target:
                 break
             text = f"{text} {word}"
         prompts.append(text)
-        lengths.append(length(text))
+        lengths.append(prompt_length(tokenizer, text))
     return prompts, lengths
 
 

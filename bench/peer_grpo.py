@@ -134,6 +134,12 @@ def planned_gib(out: str, quick: bool, max_prompt: int, overrides: list[str], de
     return planned_peak_gib(ours_command(out, 1, quick, max_prompt, overrides), device_gib)
 
 
+def prompt_length(tokenizer, text: str) -> int:
+    """Tokens of ``text`` as one chat user turn with the generation prompt (what the dataset feeds the model)."""
+    return len(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"])
+
+
 def pack_questions(tokenizer, questions: list[str], count: int, target: int) -> tuple[list[str], list[int]]:
     """``count`` prompts, each of consecutive ``questions`` (cycled) added while the chat-templated prompt stays
     within ``target`` tokens (one question at least), and their lengths in tokens."""
@@ -142,8 +148,7 @@ def pack_questions(tokenizer, questions: list[str], count: int, target: int) -> 
         text, length = "", 0
         while True:
             candidate = (text + " " + questions[cursor % len(questions)]).strip()
-            n = len(tokenizer.apply_chat_template([{"role": "user", "content": candidate}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=True)["input_ids"])
+            n = prompt_length(tokenizer, candidate)
             if n > target and text:
                 break
             text, length, cursor = candidate, n, cursor + 1
@@ -152,15 +157,12 @@ def pack_questions(tokenizer, questions: list[str], count: int, target: int) -> 
     return prompts, lengths
 
 
-def numbered_prompts(tokenizer, questions: list[str], count: int, target: int, label: str = "Problem",
-                     room: int = 16) -> tuple[list[str], list[int]]:
-    """``count`` distinct prompts: :func:`pack_questions` within ``target - room`` tokens, each numbered
-    (``"{label} {i}. "``), since the fixture's few questions repeat; and their lengths in tokens."""
-    packed, _ = pack_questions(tokenizer, questions, count, target - room)
-    prompts = [f"{label} {i}. {text}" for i, text in enumerate(packed)]
-    lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True)["input_ids"]) for p in prompts]
-    return prompts, lengths
+def numbered_prompts(tokenizer, questions: list[str], count: int, target: int) -> tuple[list[str], list[int]]:
+    """``count`` distinct prompts: :func:`pack_questions` within ``target - 16`` tokens (room for the number),
+    each numbered ("Problem {i}. "), since the fixture's few questions repeat; and their lengths in tokens."""
+    packed, _ = pack_questions(tokenizer, questions, count, target - 16)
+    prompts = [f"Problem {i}. {text}" for i, text in enumerate(packed)]
+    return prompts, [prompt_length(tokenizer, p) for p in prompts]
 
 
 def write_prompts(prompts: list[str], data_source: str, path: str) -> None:
